@@ -1,0 +1,75 @@
+"""cgguard: guard every CUDA-graph capture in a PyTorch process.
+
+The public API is re-exported here lazily: ``import cgguard`` loads nothing else until a name is
+used, so that activation in every process costs nothing until torch is imported.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from cgguard._config import Config
+    from cgguard._errors import (
+        CaptureDisabledError,
+        CaptureViolation,
+        CgguardError,
+        ConfigError,
+        NestedCaptureError,
+    )
+    from cgguard._flag import (
+        capture_disabled,
+        capture_enabled,
+        is_capture_enabled,
+        set_capture_enabled,
+    )
+    from cgguard._install import install, is_installed, uninstall
+    from cgguard._version import __version__
+
+__all__ = [
+    "CaptureDisabledError",
+    "CaptureViolation",
+    "CgguardError",
+    "Config",
+    "ConfigError",
+    "NestedCaptureError",
+    "__version__",
+    "capture_disabled",
+    "capture_enabled",
+    "install",
+    "is_capture_enabled",
+    "is_installed",
+    "set_capture_enabled",
+    "uninstall",
+]
+
+_HOMES = {
+    "Config": "_config",
+    "CaptureDisabledError": "_errors",
+    "CaptureViolation": "_errors",
+    "CgguardError": "_errors",
+    "ConfigError": "_errors",
+    "NestedCaptureError": "_errors",
+    "capture_disabled": "_flag",
+    "capture_enabled": "_flag",
+    "is_capture_enabled": "_flag",
+    "set_capture_enabled": "_flag",
+    "install": "_install",
+    "is_installed": "_install",
+    "uninstall": "_install",
+    "__version__": "_version",
+}
+
+
+def __getattr__(name: str) -> object:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'cgguard' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"cgguard.{home}"), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

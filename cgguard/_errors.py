@@ -1,0 +1,37 @@
+"""The exceptions cgguard raises, all under one root."""
+
+from __future__ import annotations
+
+
+class CgguardError(Exception):
+    """Root of every exception cgguard raises."""
+
+
+class ConfigError(CgguardError, ValueError):
+    """A configuration value is not one cgguard accepts."""
+
+
+class CaptureViolation(CgguardError, RuntimeError):  # noqa: N818 - the public name users catch
+    """A CUDA-graph capture broke one of cgguard's rules.
+
+    A RuntimeError, so handlers written for torch's own capture failures still catch it.
+    ``event`` is the violation's full event, as reported (see the README's event schema).
+    """
+
+    rule: str = ""
+
+    def __init__(self, message: str, event: dict[str, object] | None = None) -> None:
+        super().__init__(message)
+        self.event: dict[str, object] = event if event is not None else {}
+
+
+class CaptureDisabledError(CaptureViolation):
+    """A capture began while capture was disabled."""
+
+    rule = "capture_disabled"
+
+
+class NestedCaptureError(CaptureViolation):
+    """A capture began on a thread that already had an active capture."""
+
+    rule = "nested_capture"

@@ -1,0 +1,96 @@
+"""Cheap stack snapshots on the capture path, rendered to text only when a violation is reported."""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+from typing import TYPE_CHECKING, TypedDict, cast
+
+if TYPE_CHECKING:
+    from types import CodeType, FrameType
+
+# A snapshot is a flat tuple (code, lasti, code, lasti, ...), innermost frame first. It keeps
+# neither frames (their locals may hold GPU tensors) nor line numbers (computing f_lineno costs a
+# line-table walk per frame): the line is recovered from lasti when, rarely, a report is made.
+Snapshot = tuple["CodeType | int", ...]
+
+# Bound the walk so a capture made from deep recursion still costs a fixed amount.
+MAX_DEPTH = 128
+
+
+class FrameInfo(TypedDict):
+    """One rendered frame of an event's stack."""
+
+    file: str
+    line: int
+    function: str
+    code: str | None
+
+
+def snapshot(depth: int = 1) -> Snapshot:
+    """Record the calling stack, starting ``depth`` frames above the caller of this function."""
+    frame: FrameType | None = sys._getframe(depth + 1)
+    out: list[CodeType | int] = []
+    push = out.append
+    for _ in range(MAX_DEPTH):
+        if frame is None:
+            break
+        push(frame.f_code)
+        push(frame.f_lasti)
+        frame = frame.f_back
+    return tuple(out)
+
+
+def _line_of(code: CodeType, lasti: int) -> int:
+    if lasti >= 0:
+        for start, end, line in code.co_lines():
+            if start <= lasti < end and line is not None:
+                return line
+    return code.co_firstlineno
+
+
+def _hidden_prefixes() -> tuple[str, ...]:
+    """Folders whose frames say nothing to the user: cgguard's own, torch's and wrapt's."""
+    prefixes = [os.path.dirname(__file__)]
+    for name in ("torch", "wrapt"):
+        module = sys.modules.get(name)
+        path = getattr(module, "__file__", None)
+        if path:
+            prefixes.append(os.path.dirname(path))
+    return tuple(os.path.join(p, "") for p in prefixes)
+
+
+def render(stack: Snapshot) -> list[FrameInfo]:
+    """The user's frames of ``stack``, outermost first, each with its source line."""
+    hidden = _hidden_prefixes()
+    frames: list[FrameInfo] = []
+    for i in range(len(stack) - 2, -1, -2):
+        code, lasti = cast("CodeType", stack[i]), cast("int", stack[i + 1])
+        filename = code.co_filename
+        if filename.startswith(hidden):
+            continue
+        line = _line_of(code, lasti)
+        text = linecache.getline(filename, line).strip()
+        frames.append(
+            {"file": filename, "line": line, "function": code.co_name, "code": text or None}
+        )
+    return frames
+
+
+def where(frames: list[FrameInfo]) -> str:
+    """The innermost frame as ``file:line (in function)``, for one-line messages."""
+    if not frames:
+        return "<unknown>"
+    last = frames[-1]
+    return f"{last['file']}:{last['line']} (in {last['function']})"
+
+
+def format_frames(frames: list[FrameInfo]) -> str:
+    """Frames as Python prints a traceback's body, for people reading a console."""
+    lines = []
+    for f in frames:
+        lines.append(f'  File "{f["file"]}", line {f["line"]}, in {f["function"]}')
+        if f["code"]:
+            lines.append(f"    {f['code']}")
+    return "\n".join(lines)

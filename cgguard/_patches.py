@@ -1,0 +1,101 @@
+"""The only module that touches torch: wrapt wrappers on torch's capture entry points.
+
+The wrappers go on the classes themselves (``torch.cuda.graphs.graph`` and the real
+``CUDAGraph``), so references taken earlier, subclasses and ``from torch.cuda import graph`` are
+all covered. Arguments pass through untouched: the signatures differ across torch releases.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import wrapt
+
+from cgguard import _guard, _state
+from cgguard._frames import snapshot
+
+_ABSENT = object()
+_STANDIN_MARKER = "__cgguard_standin__"
+
+
+def real_class(cls: type) -> type:
+    """``cls``, or the class a simulated stand-in of it was made from."""
+    for klass in cls.__mro__:
+        if _STANDIN_MARKER not in klass.__dict__:
+            return klass
+    return cls
+
+
+def _error_mode(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    # capture_begin(pool=None, capture_error_mode="global", ...) in every supported release.
+    if "capture_error_mode" in kwargs:
+        return str(kwargs["capture_error_mode"])
+    return str(args[1]) if len(args) > 1 else "global"
+
+
+def _graph_enter(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    # Checked before torch's __enter__ runs: it synchronizes, empties the cache and switches the
+    # current stream before capture_begin, and a refusal raised after that would leave the
+    # thread on the capture stream for good, since __exit__ never runs.
+    graph = getattr(instance, "cuda_graph", instance)
+    mode = str(getattr(instance, "capture_error_mode", "global"))
+    record = _guard.check_begin(_guard.API_GRAPH, id(graph), mode, snapshot(1))
+    _state.local.pending = record
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        _state.local.pending = None
+
+
+def _capture_begin(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    record = getattr(_state.local, "pending", None)
+    if record is not None and record.key == id(instance):
+        # The capture_begin that torch.cuda.graph.__enter__ makes: already checked, one capture.
+        _state.local.pending = None
+    else:
+        record = _guard.check_begin(
+            _guard.API_CAPTURE_BEGIN, id(instance), _error_mode(args, kwargs), snapshot(1)
+        )
+    result = wrapped(*args, **kwargs)
+    _guard.activate(record)
+    return result
+
+
+def _capture_end(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        # Whether capture_end succeeded or not, CUDA has left capture mode on that stream.
+        _guard.deactivate(id(instance))
+
+
+def patch_torch() -> None:
+    """Wrap torch's capture entry points. Raises if torch is not what cgguard expects."""
+    if _state.patches:
+        return
+    graphs = importlib.import_module("torch.cuda.graphs")
+    cuda_graph = real_class(graphs.CUDAGraph)
+    targets = (
+        (graphs.graph, "__enter__", _graph_enter),
+        (cuda_graph, "capture_begin", _capture_begin),
+        (cuda_graph, "capture_end", _capture_end),
+    )
+    try:
+        for owner, name, wrapper in targets:
+            original = owner.__dict__.get(name, _ABSENT)
+            setattr(owner, name, wrapt.FunctionWrapper(getattr(owner, name), wrapper))
+            _state.patches.append((owner, name, original))
+    except BaseException:
+        unpatch_torch()
+        raise
+
+
+def unpatch_torch() -> None:
+    """Put back exactly what patch_torch() replaced."""
+    while _state.patches:
+        owner, name, original = _state.patches.pop()
+        if original is _ABSENT:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, original)

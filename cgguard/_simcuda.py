@@ -1,0 +1,567 @@
+"""A simulated CUDA runtime, so torch's own CUDA-graph code runs (and is tested) without a GPU."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from cgguard._errors import CgguardError
+
+__all__ = [
+    "ActiveCapture",
+    "Call",
+    "SimulatedCuda",
+    "SimulatedCudaError",
+    "SimulationError",
+    "simulated_cuda",
+]
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from types import ModuleType
+
+_SUFFIX = " [simulated CUDA]"
+_MODES = ("global", "thread_local", "relaxed")
+_PROHIBITED = "CUDA error: operation not permitted when stream is capturing"
+_CUDA_DEVICE_TYPE = 1  # c10::DeviceType::CUDA, what torch reports as Stream.device_type
+
+
+class SimulationError(CgguardError):
+    """simulated_cuda() cannot do what was asked (already active, real CUDA, session over)."""
+
+
+class SimulatedCudaError(RuntimeError):
+    """What the simulated CUDA runtime raises where real CUDA or torch would raise."""
+
+
+class Call(NamedTuple):
+    """One call the simulated runtime received, in order: a name, its arguments, the thread name.
+
+    Names and arguments: ``synchronize ()``, ``host_empty_cache ()``, ``set_stream (stream_id,)``,
+    ``stream_synchronize (stream_id,)``, ``event_record (event_id, stream_id)``,
+    ``event_wait (event_id, stream_id)``, ``event_synchronize (event_id,)``,
+    ``capture_begin (graph_id, stream_id, mode)``, ``capture_invalidated (graph_id,)``,
+    ``capture_end (graph_id, ok)``, ``replay (graph_id,)``, ``reset (graph_id,)``,
+    ``instantiate (graph_id,)``, ``enable_debug_mode (graph_id,)``,
+    ``debug_dump (graph_id, path)``. Calls that then fail are recorded too; queries are not.
+    """
+
+    name: str
+    args: tuple[object, ...]
+    thread: str
+
+
+class ActiveCapture(NamedTuple):
+    """A capture under way: which graph, on which stream, in which mode, begun by which thread."""
+
+    graph_id: int
+    stream_id: int
+    mode: str
+    thread: int
+    invalidated: bool
+
+
+def _error(message: str) -> SimulatedCudaError:
+    return SimulatedCudaError(message + _SUFFIX)
+
+
+class SimulatedCuda:
+    """cgguard's simulated CUDA runtime: one fake device, no GPU work, a record of every call.
+
+    Stream 0 is the default stream and each thread starts on it. Captures follow CUDA's
+    capture-mode rules for unsafe calls, so code that passes here is not lax on a real GPU.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: list[Call] = []
+        self._captures: dict[int, ActiveCapture] = {}
+        self._counters: dict[str, itertools.count[int]] = {}
+        self._local = threading.local()
+
+    def __repr__(self) -> str:
+        with self._lock:
+            return (
+                f"<cgguard simulated CUDA runtime (no GPU): {len(self._calls)} calls, "
+                f"{len(self._captures)} active captures>"
+            )
+
+    @property
+    def calls(self) -> list[Call]:
+        """A copy of the calls received so far, oldest first."""
+        with self._lock:
+            return list(self._calls)
+
+    def active_captures(self) -> list[ActiveCapture]:
+        """The captures under way now, invalidated ones included until their capture_end."""
+        with self._lock:
+            return list(self._captures.values())
+
+    # Everything below is called by the stand-ins; callers of "_locked" helpers hold the lock.
+
+    def _note_locked(self, name: str, *args: object) -> None:
+        self._calls.append(Call(name, args, threading.current_thread().name))
+
+    def _note(self, name: str, *args: object) -> None:
+        with self._lock:
+            self._note_locked(name, *args)
+
+    def _new_id(self, kind: str) -> int:
+        # One sequence per kind, so the ids in calls read graph 1, stream 1, event 1.
+        with self._lock:
+            return next(self._counters.setdefault(kind, itertools.count(1)))
+
+    def _current_stream_id(self) -> int:
+        stream_id: int = getattr(self._local, "stream_id", 0)
+        return stream_id
+
+    def _set_stream(self, stream_id: int) -> None:
+        self._note("set_stream", stream_id)
+        self._local.stream_id = stream_id
+
+    def _forbid_unsafe_locked(self, also: ActiveCapture | None = None) -> None:
+        # CUDA's cudaStreamCaptureMode: an unsafe call fails, and poisons the capture(s) that
+        # forbade it, if its own thread captures in global/thread_local mode or any other
+        # thread captures in global mode.
+        me = threading.get_ident()
+        culprits = [
+            c
+            for c in self._captures.values()
+            if (c.thread == me and c.mode != "relaxed") or (c.thread != me and c.mode == "global")
+        ]
+        if also is not None and also not in culprits:
+            culprits.append(also)
+        if culprits:
+            for capture in culprits:
+                self._captures[capture.graph_id] = capture._replace(invalidated=True)
+                self._note_locked("capture_invalidated", capture.graph_id)
+            raise _error(_PROHIBITED)
+
+    def _capture_on_locked(self, stream_id: int) -> ActiveCapture | None:
+        return next((c for c in self._captures.values() if c.stream_id == stream_id), None)
+
+    def _synchronize(self) -> None:
+        with self._lock:
+            self._note_locked("synchronize")
+            self._forbid_unsafe_locked()
+
+    def _stream_synchronize(self, stream_id: int) -> None:
+        with self._lock:
+            self._note_locked("stream_synchronize", stream_id)
+            self._forbid_unsafe_locked(also=self._capture_on_locked(stream_id))
+
+    def _event_synchronize(self, event_id: int) -> None:
+        with self._lock:
+            self._note_locked("event_synchronize", event_id)
+            self._forbid_unsafe_locked()
+
+    def _is_capturing(self) -> bool:
+        with self._lock:
+            return self._capture_on_locked(self._current_stream_id()) is not None
+
+    def _capture_begin(self, graph: _GraphBackend, pool: object, mode: object) -> None:
+        stream_id = self._current_stream_id()
+        with self._lock:
+            self._note_locked("capture_begin", graph._simcuda_id, stream_id, mode)
+            # The order of these checks is the order torch makes them (the mode is parsed first,
+            # in the Python binding, before CUDAGraph::capture_begin runs).
+            if mode not in _MODES:
+                raise _error(
+                    "Unknown capture error mode. Expected `global`, `thread_local`, or "
+                    f"`relaxed`, got {mode}"
+                )
+            if graph._simcuda_captured or graph._simcuda_id in self._captures:
+                raise _error(
+                    "This CUDAGraph instance already owns a captured graph. "
+                    "To capture a new graph, create a new instance."
+                )
+            if stream_id == 0:
+                raise _error(
+                    "CUDA graphs must be captured on a non-default stream. "
+                    "(However, after capture, it's ok to replay them on the default stream.)"
+                )
+            busy = self._capture_on_locked(stream_id)
+            if busy is not None:
+                self._forbid_unsafe_locked(also=busy)
+            if pool is not None:
+                graph._simcuda_pool = pool
+            self._captures[graph._simcuda_id] = ActiveCapture(
+                graph._simcuda_id, stream_id, str(mode), threading.get_ident(), False
+            )
+
+    def _capture_end(self, graph: _GraphBackend) -> None:
+        graph_id = graph._simcuda_id
+        with self._lock:
+            capture = self._captures.get(graph_id)
+            if capture is None:
+                self._note_locked("capture_end", graph_id, False)
+                raise _error("Called CUDAGraph::capture_end on a graph that is not capturing.")
+            if capture.stream_id != self._current_stream_id():
+                self._note_locked("capture_end", graph_id, False)
+                raise _error("Capture must end on the same stream it began on.")
+            del self._captures[graph_id]
+            self._note_locked("capture_end", graph_id, not capture.invalidated)
+            if capture.invalidated:
+                raise _error("CUDA error: operation failed due to a previous error during capture")
+            graph._simcuda_captured = True
+
+    def _replay(self, graph: _GraphBackend) -> None:
+        with self._lock:
+            self._note_locked("replay", graph._simcuda_id)
+            if not graph._simcuda_captured:
+                raise _error("Called CUDAGraph::replay without a preceding successful capture.")
+
+
+_ACTIVE: SimulatedCuda | None = None
+_ACTIVATION_LOCK = threading.Lock()
+
+
+def _active() -> SimulatedCuda:
+    if _ACTIVE is None:
+        raise SimulationError("the simulated CUDA runtime is not active" + _SUFFIX)
+    return _ACTIVE
+
+
+def _live(sim: SimulatedCuda) -> SimulatedCuda:
+    if sim is not _ACTIVE:
+        raise SimulationError(
+            "this object belongs to a simulated_cuda() session that has ended" + _SUFFIX
+        )
+    return sim
+
+
+class _GraphBackend:
+    """The C++ half of torch.cuda.CUDAGraph, simulated; the real class's super() calls land here."""
+
+    __cgguard_standin__ = True
+    _simcuda: SimulatedCuda
+    _simcuda_id: int
+    _simcuda_captured: bool
+    _simcuda_pool: object
+
+    def capture_begin(self, pool: object = None, capture_error_mode: object = "global") -> None:
+        _live(self._simcuda)._capture_begin(self, pool, capture_error_mode)
+
+    def capture_end(self) -> None:
+        _live(self._simcuda)._capture_end(self)
+
+    def replay(self) -> None:
+        _live(self._simcuda)._replay(self)
+
+    def reset(self) -> None:
+        sim = _live(self._simcuda)
+        with sim._lock:
+            sim._note_locked("reset", self._simcuda_id)
+            self._simcuda_captured = False
+
+    def pool(self) -> object:
+        return self._simcuda_pool
+
+    def instantiate(self) -> None:
+        _live(self._simcuda)._note("instantiate", self._simcuda_id)
+
+    def enable_debug_mode(self) -> None:
+        _live(self._simcuda)._note("enable_debug_mode", self._simcuda_id)
+
+    def debug_dump(self, debug_path: str) -> None:
+        _live(self._simcuda)._note("debug_dump", self._simcuda_id, debug_path)
+
+
+class _StreamBackend:
+    """The C++ half of torch.cuda.Stream, simulated; stream 0 is the default stream."""
+
+    __cgguard_standin__ = True
+    _simcuda: SimulatedCuda
+    stream_id: int
+    device_index: int
+    device_type: int
+    priority: int
+
+    @property
+    def cuda_stream(self) -> int:
+        return self.stream_id
+
+    @property
+    def device(self) -> Any:
+        import torch
+
+        return torch.device("cuda", self.device_index)
+
+    def query(self) -> bool:
+        _live(self._simcuda)
+        return True
+
+    def synchronize(self) -> None:
+        _live(self._simcuda)._stream_synchronize(self.stream_id)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _StreamBackend) and other.stream_id == self.stream_id
+
+    def __hash__(self) -> int:
+        return hash(self.stream_id)
+
+    def __repr__(self) -> str:
+        return f"<torch.cuda.Stream stream_id={self.stream_id}{_SUFFIX}>"
+
+
+class _EventBackend:
+    """The C++ half of torch.cuda.Event, simulated: it remembers where it was recorded."""
+
+    __cgguard_standin__ = True
+    _simcuda: SimulatedCuda
+    _simcuda_id: int
+    _simcuda_timing: bool
+    _simcuda_recorded_on: int | None
+
+    @property
+    def cuda_event(self) -> int:
+        return self._simcuda_id if self._simcuda_recorded_on is not None else 0
+
+    def record(self, stream: Any = None) -> None:
+        sim = _live(self._simcuda)
+        stream_id = sim._current_stream_id() if stream is None else int(stream.stream_id)
+        sim._note("event_record", self._simcuda_id, stream_id)
+        self._simcuda_recorded_on = stream_id
+
+    def wait(self, stream: Any = None) -> None:
+        sim = _live(self._simcuda)
+        stream_id = sim._current_stream_id() if stream is None else int(stream.stream_id)
+        sim._note("event_wait", self._simcuda_id, stream_id)
+
+    def query(self) -> bool:
+        _live(self._simcuda)
+        return True
+
+    def synchronize(self) -> None:
+        _live(self._simcuda)._event_synchronize(self._simcuda_id)
+
+    def elapsed_time(self, end_event: _EventBackend) -> float:
+        _live(self._simcuda)
+        if not (self._simcuda_timing and end_event._simcuda_timing):
+            raise _error("Both events must be created with argument 'enable_timing=True'.")
+        if self._simcuda_recorded_on is None or end_event._simcuda_recorded_on is None:
+            raise _error("Both events must be recorded before calculating elapsed time.")
+        return 0.0
+
+    def __repr__(self) -> str:
+        return f"<torch.cuda.Event event_id={self._simcuda_id}{_SUFFIX}>"
+
+
+def _ignore_init(self: object, *args: object, **kwargs: object) -> None:
+    """Stand-ins are set up in __new__; torch's dummy bases would refuse __init__."""
+
+
+def _graph_new(cls: type, keep_graph: bool = False) -> Any:
+    sim = _active()
+    self: Any = object.__new__(cls)
+    self._tracker = None  # what the real CUDAGraph.__new__ sets, for its __del__ and replay
+    self._simcuda, self._simcuda_id = sim, sim._new_id("graph")
+    self._simcuda_captured, self._simcuda_pool = False, (0, sim._new_id("pool"))
+    self.keep_graph = keep_graph
+    return self
+
+
+def _stream_new(
+    cls: type,
+    device: object = None,
+    priority: int = 0,
+    *,
+    stream_id: int | None = None,
+    device_index: int = 0,
+    device_type: int = _CUDA_DEVICE_TYPE,
+) -> Any:
+    sim = _active()
+    self: Any = object.__new__(cls)
+    self._simcuda = sim
+    self.stream_id = sim._new_id("stream") if stream_id is None else stream_id
+    self.device_index, self.device_type, self.priority = device_index, device_type, priority
+    return self
+
+
+def _event_new(
+    cls: type,
+    enable_timing: bool = False,
+    blocking: bool = False,
+    interprocess: bool = False,
+    external: bool = False,
+) -> Any:
+    sim = _active()
+    self: Any = object.__new__(cls)
+    self._simcuda, self._simcuda_id = sim, sim._new_id("event")
+    self._simcuda_timing, self._simcuda_recorded_on = enable_timing, None
+    return self
+
+
+def _standin(name: str, real: type, backend: type, new: Callable[..., Any]) -> type:
+    # Built with type() because the real bases only exist once torch is imported; the backend
+    # comes after the real class in the MRO so the real methods' super() calls reach it.
+    return type(
+        name,
+        (real, backend),
+        {
+            "__cgguard_standin__": True,
+            "__module__": __name__,
+            "__doc__": f"cgguard's stand-in for torch.cuda.{real.__name__}{_SUFFIX}.",
+            "__new__": new,
+            "__init__": _ignore_init,
+            # The real classes define __repr__ too; the stand-in's must win and say "simulated".
+            "__repr__": vars(backend).get("__repr__", real.__repr__),
+        },
+    )
+
+
+_STANDINS: dict[str, type] = {}
+
+
+def _standins(torch: ModuleType) -> dict[str, type]:
+    # Built once, so objects from one session still pass isinstance checks in the next.
+    if not _STANDINS:
+        cuda = torch.cuda
+        _STANDINS["CUDAGraph"] = _standin(
+            "_SimulatedCUDAGraph", cuda.graphs.CUDAGraph, _GraphBackend, _graph_new
+        )
+        _STANDINS["Stream"] = _standin(
+            "_SimulatedStream", cuda.streams.Stream, _StreamBackend, _stream_new
+        )
+        _STANDINS["Event"] = _standin(
+            "_SimulatedEvent", cuda.streams.Event, _EventBackend, _event_new
+        )
+    return _STANDINS
+
+
+def _make_stream(stream_id: int) -> Any:
+    return _STANDINS["Stream"](stream_id=stream_id, device_index=0, device_type=_CUDA_DEVICE_TYPE)
+
+
+def _current_stream(device: object = None) -> Any:
+    return _make_stream(_active()._current_stream_id())
+
+
+def _default_stream(device: object = None) -> Any:
+    _active()
+    return _make_stream(0)
+
+
+def _set_stream(stream: Any) -> None:
+    if stream is not None:
+        _active()._set_stream(int(stream.stream_id))
+
+
+class _StreamContext:
+    """torch.cuda.stream(s), simulated: torch's own StreamContext does nothing on CPU builds."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.previous: Any = None
+
+    def __enter__(self) -> None:
+        if self.stream is not None:
+            self.previous = _current_stream()
+            _set_stream(self.stream)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.stream is not None:
+            _set_stream(self.previous)
+
+
+def _stream(stream: Any) -> _StreamContext:
+    return _StreamContext(stream)
+
+
+def _synchronize(device: object = None) -> None:
+    _active()._synchronize()
+
+
+def _is_current_stream_capturing() -> bool:
+    return _active()._is_capturing()
+
+
+def _graph_pool_handle() -> tuple[int, int]:
+    return (0, _active()._new_id("pool"))
+
+
+def _host_empty_cache() -> None:
+    _active()._note("host_empty_cache")
+
+
+_MISSING = object()
+
+
+def _install(torch: ModuleType) -> Callable[[], None]:
+    """Put the stand-ins in place; return what puts every replaced attribute back."""
+    saved: list[tuple[object, str, object]] = []
+
+    def put(owner: Any, name: str, value: object) -> None:
+        saved.append((owner, name, vars(owner).get(name, _MISSING)))
+        setattr(owner, name, value)
+
+    def restore() -> None:
+        for owner, name, old in reversed(saved):
+            if old is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, old)
+
+    # A failure half-way must not leave torch half patched.
+    try:
+        cuda = torch.cuda
+        classes = _standins(torch)
+        for name in ("CUDAGraph", "Stream", "Event"):
+            put(cuda, name, classes[name])
+        # Stream.record_event() builds an Event through torch.cuda.streams' own global name.
+        put(cuda.streams, "Event", classes["Event"])
+        for owner in (cuda, cuda.graphs):
+            put(owner, "is_current_stream_capturing", _is_current_stream_capturing)
+            put(owner, "graph_pool_handle", _graph_pool_handle)
+        put(cuda, "current_stream", _current_stream)
+        put(cuda, "default_stream", _default_stream)
+        put(cuda, "set_stream", _set_stream)
+        put(cuda, "stream", _stream)
+        put(cuda, "synchronize", _synchronize)
+        put(torch._C, "_host_emptyCache", _host_empty_cache)
+        # torch.cuda.graph caches its side stream on the class; a stream from another runtime
+        # (or an ended session) must not be used for captures here.
+        put(cuda.graphs.graph, "default_capture_stream", None)
+    except BaseException:
+        restore()
+        raise
+    return restore
+
+
+@contextlib.contextmanager
+def simulated_cuda(*, force: bool = False) -> Iterator[SimulatedCuda]:
+    """Run torch's real CUDA-graph code over cgguard's simulated CUDA runtime (no GPU).
+
+    Replaces torch.cuda's graph, stream and event entry points with stand-ins for the duration
+    and restores every one on exit. Refuses where real CUDA is available unless ``force``.
+    """
+    global _ACTIVE
+    import torch
+
+    with _ACTIVATION_LOCK:
+        if _ACTIVE is not None:
+            raise SimulationError("simulated_cuda() is already active" + _SUFFIX)
+        if torch.cuda.is_available() and not force:
+            raise SimulationError(
+                "real CUDA is available and simulated_cuda() would shadow it; "
+                "pass force=True to simulate anyway" + _SUFFIX
+            )
+        backends: Any = torch.backends  # untyped in torch
+        if backends.cuda.is_built():
+            # Stand-ins subclass torch's CUDA classes; on CUDA builds those are C types whose
+            # constructors need the real runtime, so the simulation cannot stand in for them.
+            raise SimulationError(
+                "simulated_cuda() needs a CPU-only build of torch; this one has CUDA compiled in"
+                + _SUFFIX
+            )
+        sim = SimulatedCuda()
+        restore = _install(torch)
+        _ACTIVE = sim
+    try:
+        yield sim
+    finally:
+        with _ACTIVATION_LOCK:
+            _ACTIVE = None
+            restore()

@@ -1,0 +1,343 @@
+"""End to end: cgguard installed on torch, every scenario of the two rules on a capture runtime.
+
+Each test runs on cgguard's simulated CUDA runtime, and again on a real GPU where one exists.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import torch
+from torch.cuda import graph as graph_taken_early
+
+import cgguard
+from cgguard import _state
+from cgguard.testing import capture_violations
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from tests.conftest import Runtime
+
+DISABLED_SENTENCE = (
+    "CUDA graph capturing detected at an inappropriate time. This operation is currently disabled."
+)
+SOURCE = Path(__file__).read_text().splitlines()
+
+
+class PluginGraph(torch.cuda.graph):
+    """A library's own subclass of torch.cuda.graph, defined before cgguard is installed."""
+
+
+def line_of(marker: str) -> int:
+    """The line of this file that ends with the comment ``# marker``."""
+    (line,) = [n for n, text in enumerate(SOURCE, 1) if text.endswith(f"# {marker}")]
+    return line
+
+
+def frame(marker: str, function: str) -> dict[str, object]:
+    """The rendered frame cgguard must report for the line marked ``marker``."""
+    line = line_of(marker)
+    return {"file": __file__, "line": line, "function": function, "code": SOURCE[line - 1].strip()}
+
+
+@pytest.fixture
+def events() -> Iterator[list[dict[str, object]]]:
+    with capture_violations() as seen:
+        yield seen
+
+
+def install(mode: str = "raise") -> None:
+    cgguard.install(cgguard.Config(mode=mode, log_format="json"))  # type: ignore[arg-type]
+
+
+def run_in_thread(target: Callable[[], None]) -> threading.Thread:
+    """Start ``target`` on a thread that re-raises its failure when joined by ``join_all``."""
+    thread = threading.Thread(target=_keep_error, args=(target,))
+    thread.start()
+    return thread
+
+
+_thread_errors: list[BaseException] = []
+
+
+def _keep_error(target: Callable[[], None]) -> None:
+    try:
+        target()
+    except BaseException as exc:
+        _thread_errors.append(exc)
+
+
+def join_all(*threads: threading.Thread) -> None:
+    for thread in threads:
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "a scenario thread hung"
+    if _thread_errors:
+        raise _thread_errors.pop()
+
+
+def test_capture_refused_while_disabled_changes_nothing(
+    runtime: Runtime, events: list[dict[str, Any]]
+) -> None:
+    """A torch.cuda.graph begun while capture is disabled is refused before torch moves a stream."""
+    install()
+    g = torch.cuda.CUDAGraph()
+    stream_before = torch.cuda.current_stream()
+    calls_before = len(runtime.simulation.calls) if runtime.simulation else 0
+    with cgguard.capture_disabled():  # @disabled-here
+        with pytest.raises(cgguard.CaptureDisabledError) as raised:
+            with torch.cuda.graph(g):  # @refused-graph
+                pytest.fail("the body of a refused capture ran")
+        assert cgguard.is_capture_enabled() is False
+    assert cgguard.is_capture_enabled() is True
+    assert torch.cuda.current_stream() == stream_before
+    assert torch.cuda.is_current_stream_capturing() is False
+    assert _state.active == {}
+    if runtime.simulation:
+        assert runtime.simulation.calls[calls_before:] == []
+    message = str(raised.value)
+    assert message.startswith(DISABLED_SENTENCE)
+    assert f"capture was disabled at {__file__}:{line_of('@disabled-here')} " in message
+    event = raised.value.event
+    assert events == [event]
+    assert (event["rule"], event["action"], event["api"]) == (
+        "capture_disabled",
+        "raised",
+        "torch.cuda.graph",
+    )
+    test = "test_capture_refused_while_disabled_changes_nothing"
+    assert event["stack"][-1] == frame("@refused-graph", test)
+    assert event["disabled_stack"][-1] == frame("@disabled-here", test)
+
+
+def test_capture_allowed_again_after_reenabling(runtime: Runtime) -> None:
+    """set_capture_enabled(True) lets the next capture through and the graph replays."""
+    install()
+    cgguard.set_capture_enabled(False)
+    cgguard.set_capture_enabled(True)
+    g, x = torch.cuda.CUDAGraph(), runtime.tensor()
+    with torch.cuda.graph(g):
+        x.add_(1)
+    g.replay()
+    assert _state.active == {}
+
+
+def test_nested_graph_refused_with_outer_stack(
+    runtime: Runtime, events: list[dict[str, Any]]
+) -> None:
+    """A torch.cuda.graph inside another on one thread is refused, naming where the outer began."""
+    install()
+    outer, x = torch.cuda.CUDAGraph(), runtime.tensor()
+    with torch.cuda.graph(outer):  # @outer-graph
+        x.add_(1)
+        with pytest.raises(cgguard.NestedCaptureError) as raised:
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):  # @inner-graph
+                pytest.fail("the body of a refused capture ran")
+        assert torch.cuda.is_current_stream_capturing() is True
+    outer.replay()
+    test = "test_nested_graph_refused_with_outer_stack"
+    event = raised.value.event
+    assert events == [event]
+    assert event["rule"] == "nested_capture"
+    assert event["stack"][-1] == frame("@inner-graph", test)
+    assert event["outer_stack"][-1] == frame("@outer-graph", test)
+    assert f"begun at {__file__}:{line_of('@outer-graph')} " in str(raised.value)
+
+
+def test_nested_raw_capture_begin_refused(runtime: Runtime, events: list[dict[str, Any]]) -> None:
+    """A raw capture_begin on a thread that is capturing is refused; the outer capture goes on."""
+    install()
+    outer, inner, x = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph(), runtime.tensor()
+    with torch.cuda.graph(outer):  # @outer-for-raw
+        x.add_(1)
+        with torch.cuda.stream(torch.cuda.Stream()), pytest.raises(cgguard.NestedCaptureError):
+            inner.capture_begin()  # @inner-raw
+    outer.replay()
+    test = "test_nested_raw_capture_begin_refused"
+    (event,) = events
+    assert event["api"] == "CUDAGraph.capture_begin"
+    assert event["stack"][-1] == frame("@inner-raw", test)
+    assert event["outer_stack"][-1] == frame("@outer-for-raw", test)
+
+
+def test_subclass_and_early_reference_are_guarded(runtime: Runtime) -> None:
+    """Subclasses and names bound before install() reach the same guarded entry points."""
+    install()
+    with cgguard.capture_disabled():
+        with pytest.raises(cgguard.CaptureDisabledError):
+            with PluginGraph(torch.cuda.CUDAGraph()):
+                pass
+        with pytest.raises(cgguard.CaptureDisabledError):
+            with graph_taken_early(torch.cuda.CUDAGraph()):
+                pass
+
+
+def test_sequential_segments_are_legal(runtime: Runtime, events: list[dict[str, Any]]) -> None:
+    """begin, end, begin, end on one thread (a breakable capture's segments) is not nesting."""
+    install()
+    segments, x = [torch.cuda.CUDAGraph() for _ in range(3)], runtime.tensor()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for segment in segments:
+            segment.capture_begin()
+            x.add_(1)
+            segment.capture_end()
+    for segment in segments:
+        segment.replay()
+    assert events == []
+    assert _state.active == {}
+
+
+def test_other_thread_capturing_is_not_nesting(
+    runtime: Runtime, events: list[dict[str, Any]]
+) -> None:
+    """A capture on thread B while thread A captures is not nested, and B may launch into A's."""
+    install()
+    a_capturing, b_done = threading.Event(), threading.Event()
+    a_stream = torch.cuda.Stream()
+    x, y = runtime.tensor(), runtime.tensor()
+
+    def thread_a() -> None:
+        with torch.cuda.graph(
+            torch.cuda.CUDAGraph(), stream=a_stream, capture_error_mode="thread_local"
+        ):
+            x.add_(1)
+            a_capturing.set()
+            assert b_done.wait(timeout=20)
+
+    def thread_b() -> None:
+        assert a_capturing.wait(timeout=20)
+        try:
+            with torch.cuda.stream(a_stream):  # work launched into A's capture from B
+                x.add_(1)
+            with torch.cuda.graph(torch.cuda.CUDAGraph(), capture_error_mode="thread_local"):
+                y.add_(1)
+        finally:
+            b_done.set()
+
+    join_all(run_in_thread(thread_a), run_in_thread(thread_b))
+    assert events == []
+    assert _state.active == {}
+
+
+def test_body_exception_leaves_no_active_capture(runtime: Runtime) -> None:
+    """An exception in the body of torch.cuda.graph ends the capture for cgguard too."""
+    install()
+    x = runtime.tensor()
+    with pytest.raises(KeyError), torch.cuda.graph(torch.cuda.CUDAGraph()):
+        x.add_(1)
+        raise KeyError("body failed")
+    assert _state.active == {}
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):  # not nested: the first one is over
+        x.add_(1)
+
+
+def test_capture_begin_exception_leaves_no_active_capture(runtime: Runtime) -> None:
+    """A capture_begin that torch refuses (the default stream) leaves nothing active."""
+    install()
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="non-default stream"):
+        g.capture_begin()
+    assert _state.active == {}
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        runtime.tensor().add_(1)
+
+
+def test_capture_end_exception_leaves_no_active_capture(runtime: Runtime) -> None:
+    """A capture_end that fails (capture invalidated by a synchronize) leaves nothing active."""
+    install()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(torch.cuda.Stream()):
+        g.capture_begin()
+        with pytest.raises(RuntimeError, match="operation not permitted when stream is capturing"):
+            torch.cuda.synchronize()
+        with pytest.raises(RuntimeError, match="previous error during capture"):
+            g.capture_end()
+        assert torch.cuda.is_current_stream_capturing() is False
+    assert _state.active == {}
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        runtime.tensor().add_(1)
+
+
+def test_log_mode_reports_and_lets_the_capture_proceed(
+    runtime: Runtime, events: list[dict[str, Any]]
+) -> None:
+    """In log mode a capture while disabled is reported, then captured and replayable."""
+    install("log")
+    g, x = torch.cuda.CUDAGraph(), runtime.tensor()
+    with cgguard.capture_disabled():
+        with torch.cuda.graph(g):  # @logged-graph
+            x.add_(1)
+    g.replay()
+    (event,) = events
+    assert (event["rule"], event["action"], event["level"]) == (
+        "capture_disabled",
+        "logged",
+        "warning",
+    )
+    assert event["stack"][-1] == frame(
+        "@logged-graph", "test_log_mode_reports_and_lets_the_capture_proceed"
+    )
+
+
+def test_log_mode_nested_graph_reports_then_fails_as_cuda_does(
+    runtime: Runtime, events: list[dict[str, Any]]
+) -> None:
+    """Log mode reports a nested torch.cuda.graph; CUDA then fails it and the outer capture."""
+    install("log")
+    x = runtime.tensor()
+    with pytest.raises(RuntimeError, match="previous error during capture"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            x.add_(1)
+            with pytest.raises(
+                RuntimeError, match="operation not permitted when stream is capturing"
+            ):
+                with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                    pass
+    assert [(e["rule"], e["action"]) for e in events] == [("nested_capture", "logged")]
+    assert _state.active == {}
+    assert torch.cuda.is_current_stream_capturing() is False
+
+
+def test_threads_see_only_their_own_captures(runtime: Runtime) -> None:
+    """Captures begun on two threads are each recorded against their own thread."""
+    install()
+    both_capturing = threading.Barrier(3)
+    release = threading.Event()
+
+    def capture() -> None:
+        # Each thread its own stream: torch.cuda.graph's default side stream is shared.
+        stream = torch.cuda.Stream()
+        with torch.cuda.graph(
+            torch.cuda.CUDAGraph(), stream=stream, capture_error_mode="thread_local"
+        ):
+            runtime.tensor().add_(1)
+            both_capturing.wait(timeout=20)
+            assert release.wait(timeout=20)
+
+    threads = [run_in_thread(capture), run_in_thread(capture)]
+    both_capturing.wait(timeout=20)
+    owners = sorted(record.thread_id for record in _state.active.values())
+    assert owners == sorted(t.ident for t in threads if t.ident is not None)
+    assert threading.get_ident() not in owners
+    release.set()
+    join_all(*threads)
+    assert _state.active == {}
+
+
+def test_frames_hide_cgguard_and_torch(runtime: Runtime) -> None:
+    """No reported frame comes from cgguard's or torch's own files."""
+    install()
+    with cgguard.capture_disabled(), pytest.raises(cgguard.CaptureDisabledError) as raised:
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            pass
+    hidden = (str(Path(cgguard.__file__).parent), str(Path(torch.__file__).parent))
+    files = [f["file"] for f in raised.value.event["stack"]]
+    assert files
+    assert not [f for f in files if f.startswith(hidden)]
+    assert sys.modules["cgguard"] is cgguard

@@ -1,0 +1,493 @@
+"""Tests for cgguard._simcuda, the simulated CUDA runtime torch's real graph code runs on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import torch
+
+from cgguard._simcuda import (
+    ActiveCapture,
+    Call,
+    SimulatedCuda,
+    SimulatedCudaError,
+    SimulationError,
+    simulated_cuda,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+REPO = Path(__file__).resolve().parent.parent
+PROHIBITED = "CUDA error: operation not permitted when stream is capturing [simulated CUDA]"
+FAILED = "CUDA error: operation failed due to a previous error during capture [simulated CUDA]"
+MISSING = object()
+REAL_GRAPH = torch.cuda.graphs.CUDAGraph
+REAL_STREAM = torch.cuda.streams.Stream
+REAL_EVENT = torch.cuda.streams.Event
+
+# (owner, attribute) pairs the simulation may touch; all must be as they were after each test.
+WATCHED = [
+    (torch.cuda, name)
+    for name in (
+        "CUDAGraph",
+        "Stream",
+        "Event",
+        "current_stream",
+        "default_stream",
+        "set_stream",
+        "stream",
+        "synchronize",
+        "is_current_stream_capturing",
+        "graph_pool_handle",
+        "is_available",
+        "empty_cache",
+    )
+] + [
+    (torch.cuda.graphs, "CUDAGraph"),
+    (torch.cuda.graphs, "is_current_stream_capturing"),
+    (torch.cuda.graphs, "graph_pool_handle"),
+    (torch.cuda.streams, "Stream"),
+    (torch.cuda.streams, "Event"),
+    (torch._C, "_host_emptyCache"),
+    (torch.cuda.graphs.graph, "default_capture_stream"),
+]
+
+
+def snapshot() -> list[object]:
+    """Each watched attribute's current value, MISSING where absent."""
+    return [vars(owner).get(name, MISSING) for owner, name in WATCHED]
+
+
+def assert_same(before: list[object], after: list[object]) -> None:
+    """Every watched attribute is the very object it was."""
+    changed = [
+        WATCHED[i][1] for i, (b, a) in enumerate(zip(before, after, strict=True)) if b is not a
+    ]
+    assert changed == []
+
+
+@pytest.fixture(autouse=True)
+def torch_untouched() -> Iterator[None]:
+    """Fail any test that leaves torch patched."""
+    before = snapshot()
+    yield
+    assert_same(before, snapshot())
+
+
+@pytest.fixture
+def sim() -> Iterator[SimulatedCuda]:
+    """An active simulated runtime, torch restored afterwards."""
+    with simulated_cuda() as runtime:
+        yield runtime
+
+
+def run_in_thread(fn: Callable[[], object]) -> object:
+    """Run fn on a new thread named "other"; return its result or the exception it raised."""
+    result: list[object] = []
+
+    def target() -> None:
+        try:
+            result.append(fn())
+        except Exception as exc:  # the caller compares it
+            result.append(exc)
+
+    thread = threading.Thread(target=target, name="other")
+    thread.start()
+    thread.join()
+    return result[0]
+
+
+def begin_raw(mode: str = "global") -> tuple[Any, Any]:
+    """Begin a raw capture on a fresh side stream of this thread; return (graph, stream)."""
+    stream = torch.cuda.Stream()
+    torch.cuda.set_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    graph.capture_begin(capture_error_mode=mode)
+    return graph, stream
+
+
+def test_context_restores_torch_exactly() -> None:
+    """Every replaced or added attribute is the original object again after the context."""
+    before = snapshot()
+    with simulated_cuda():
+        assert torch.cuda.CUDAGraph is not torch.cuda.graphs.CUDAGraph
+        assert callable(torch._C._host_emptyCache)
+    assert_same(before, snapshot())
+    assert not hasattr(torch._C, "_host_emptyCache")
+
+
+def test_context_restores_torch_after_exception() -> None:
+    """An exception inside the context still restores torch."""
+    before = snapshot()
+    with pytest.raises(KeyError), simulated_cuda():
+        raise KeyError("boom")
+    assert_same(before, snapshot())
+    assert not hasattr(torch._C, "_host_emptyCache")
+
+
+def test_default_capture_stream_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.cuda.graph's cached side stream is cleared inside and put back after."""
+    cached = object()
+    monkeypatch.setattr(torch.cuda.graphs.graph, "default_capture_stream", cached)
+    with simulated_cuda():
+        assert torch.cuda.graphs.graph.default_capture_stream is None
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            pass
+        assert isinstance(torch.cuda.graphs.graph.default_capture_stream, torch.cuda.Stream)
+    assert torch.cuda.graphs.graph.default_capture_stream is cached
+
+
+def test_graph_context_then_replay_records_calls(sim: SimulatedCuda) -> None:
+    """torch.cuda.graph's real code drives the runtime in CUDA's order."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        assert [ActiveCapture(1, 1, "global", threading.get_ident(), False)] == (
+            sim.active_captures()
+        )
+    g.replay()
+    expected = [
+        Call("synchronize", (), "MainThread"),
+        Call("host_empty_cache", (), "MainThread"),
+        Call("set_stream", (1,), "MainThread"),
+        Call("capture_begin", (1, 1, "global"), "MainThread"),
+        Call("capture_end", (1, True), "MainThread"),
+        Call("set_stream", (0,), "MainThread"),
+        Call("replay", (1,), "MainThread"),
+    ]
+    assert expected == sim.calls
+    assert sim.active_captures() == []
+
+
+def test_capture_on_default_stream_refused(sim: SimulatedCuda) -> None:
+    """A raw capture_begin on the default stream fails as torch does."""
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(SimulatedCudaError) as info:
+        g.capture_begin()
+    assert str(info.value) == (
+        "CUDA graphs must be captured on a non-default stream. (However, after capture, "
+        "it's ok to replay them on the default stream.) [simulated CUDA]"
+    )
+    assert sim.active_captures() == []
+
+
+def test_capture_begin_on_captured_graph_refused(sim: SimulatedCuda) -> None:
+    """A graph that holds a capture cannot capture again."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        pass
+    with torch.cuda.stream(torch.cuda.Stream()), pytest.raises(SimulatedCudaError) as info:
+        g.capture_begin()
+    assert str(info.value) == (
+        "This CUDAGraph instance already owns a captured graph. "
+        "To capture a new graph, create a new instance. [simulated CUDA]"
+    )
+
+
+def test_capture_begin_on_capturing_stream_refused(sim: SimulatedCuda) -> None:
+    """A second capture on a stream that is capturing fails and poisons the first."""
+    first, _ = begin_raw()
+    with pytest.raises(SimulatedCudaError) as info:
+        torch.cuda.CUDAGraph().capture_begin()
+    assert str(info.value) == PROHIBITED
+    with pytest.raises(SimulatedCudaError, match="previous error during capture"):
+        first.capture_end()
+
+
+def test_unknown_capture_mode_refused(sim: SimulatedCuda) -> None:
+    """capture_error_mode must be one of CUDA's three modes."""
+    with torch.cuda.stream(torch.cuda.Stream()), pytest.raises(SimulatedCudaError) as info:
+        torch.cuda.CUDAGraph().capture_begin(capture_error_mode="strict")
+    assert str(info.value) == (
+        "Unknown capture error mode. Expected `global`, `thread_local`, or `relaxed`, "
+        "got strict [simulated CUDA]"
+    )
+
+
+def test_replay_without_capture_refused(sim: SimulatedCuda) -> None:
+    """Replaying a graph that holds nothing fails, also after reset()."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        pass
+    g.replay()
+    g.reset()
+    for graph in (g, torch.cuda.CUDAGraph()):
+        with pytest.raises(SimulatedCudaError) as info:
+            graph.replay()
+        assert str(info.value) == (
+            "Called CUDAGraph::replay without a preceding successful capture. [simulated CUDA]"
+        )
+
+
+def test_synchronize_in_global_capture_invalidates_it(sim: SimulatedCuda) -> None:
+    """synchronize() during a global capture fails, and the capture then fails to end."""
+    g, stream = begin_raw()
+    with pytest.raises(SimulatedCudaError) as info:
+        torch.cuda.synchronize()
+    assert str(info.value) == PROHIBITED
+    assert [ActiveCapture(1, stream.stream_id, "global", threading.get_ident(), True)] == (
+        sim.active_captures()
+    )
+    with pytest.raises(SimulatedCudaError) as ended:
+        g.capture_end()
+    assert str(ended.value) == FAILED
+    assert sim.active_captures() == []
+    assert not torch.cuda.is_current_stream_capturing()
+    with pytest.raises(SimulatedCudaError, match="without a preceding successful capture"):
+        g.replay()
+
+
+def test_thread_local_capture_allows_other_threads(sim: SimulatedCuda) -> None:
+    """A thread_local capture forbids synchronize on its own thread only."""
+    g, _ = begin_raw("thread_local")
+    assert run_in_thread(torch.cuda.synchronize) is None
+    with pytest.raises(SimulatedCudaError, match="not permitted when stream is capturing"):
+        torch.cuda.Event().synchronize()
+    with pytest.raises(SimulatedCudaError, match="previous error during capture"):
+        g.capture_end()
+
+
+def test_global_capture_forbids_other_threads(sim: SimulatedCuda) -> None:
+    """A global capture on one thread forbids synchronize on every other thread."""
+    g, _ = begin_raw()
+    error = run_in_thread(torch.cuda.synchronize)
+    assert isinstance(error, SimulatedCudaError)
+    assert str(error) == PROHIBITED
+    assert [Call("synchronize", (), "other"), Call("capture_invalidated", (1,), "other")] == (
+        sim.calls[-2:]
+    )
+    with pytest.raises(SimulatedCudaError, match="previous error during capture"):
+        g.capture_end()
+
+
+def test_refused_sync_poisons_only_the_captures_that_forbid_it(sim: SimulatedCuda) -> None:
+    """A sync refused because of another thread's global capture leaves a relaxed one intact."""
+    g, _ = begin_raw("relaxed")
+    other = run_in_thread(lambda: begin_raw("global")[0])
+    assert not isinstance(other, Exception)
+    with pytest.raises(SimulatedCudaError, match="not permitted"):
+        torch.cuda.synchronize()
+    g.capture_end()
+    assert [c.graph_id for c in sim.active_captures() if c.invalidated] == [2]
+
+
+def test_relaxed_capture_forbids_nothing(sim: SimulatedCuda) -> None:
+    """Under a relaxed capture, device, event and other-stream syncs all pass."""
+    g, _ = begin_raw("relaxed")
+    torch.cuda.synchronize()
+    torch.cuda.Event().synchronize()
+    torch.cuda.default_stream().synchronize()
+    assert run_in_thread(torch.cuda.synchronize) is None
+    g.capture_end()
+    g.replay()
+
+
+def test_sync_of_capturing_stream_always_refused(sim: SimulatedCuda) -> None:
+    """Stream.synchronize() on the capturing stream fails even in relaxed mode."""
+    g, stream = begin_raw("relaxed")
+    with pytest.raises(SimulatedCudaError) as info:
+        stream.synchronize()
+    assert str(info.value) == PROHIBITED
+    with pytest.raises(SimulatedCudaError, match="previous error during capture"):
+        g.capture_end()
+
+
+def test_nested_graph_fails_in_synchronize_and_poisons_outer(sim: SimulatedCuda) -> None:
+    """A torch.cuda.graph inside a global capture fails where torch syncs, and the outer too."""
+    outer, inner = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with (
+        pytest.raises(SimulatedCudaError) as info,
+        torch.cuda.graph(outer),
+        torch.cuda.graph(inner),
+    ):
+        pytest.fail("the inner capture must not begin")
+    assert str(info.value) == FAILED
+    assert isinstance(info.value.__context__, SimulatedCudaError)
+    assert str(info.value.__context__) == PROHIBITED
+    expected = [
+        Call("synchronize", (), "MainThread"),
+        Call("host_empty_cache", (), "MainThread"),
+        Call("set_stream", (1,), "MainThread"),
+        Call("capture_begin", (1, 1, "global"), "MainThread"),
+        Call("synchronize", (), "MainThread"),
+        Call("capture_invalidated", (1,), "MainThread"),
+        Call("capture_end", (1, False), "MainThread"),
+    ]
+    assert expected == sim.calls
+    assert sim.active_captures() == []
+    # torch's graph.__exit__ never reaches its stream restore once capture_end raises.
+    assert torch.cuda.current_stream().stream_id == 1
+
+
+def test_current_stream_is_per_thread(sim: SimulatedCuda) -> None:
+    """Setting the stream on one thread leaves others on the default stream."""
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert side == torch.cuda.current_stream()
+        assert torch.cuda.default_stream() == run_in_thread(torch.cuda.current_stream)
+    assert torch.cuda.default_stream() == torch.cuda.current_stream()
+    assert torch.cuda.current_stream().stream_id == 0
+
+
+def test_stream_none_is_a_no_op(sim: SimulatedCuda) -> None:
+    """torch.cuda.stream(None) and set_stream(None) change and record nothing."""
+    with torch.cuda.stream(None):
+        torch.cuda.set_stream(None)
+    assert sim.calls == []
+    assert torch.cuda.current_stream().stream_id == 0
+
+
+def test_is_current_stream_capturing_follows_the_stream(sim: SimulatedCuda) -> None:
+    """Only a thread whose current stream is the capturing one sees a capture."""
+    g, stream = begin_raw()
+    assert torch.cuda.is_current_stream_capturing()
+    assert torch.cuda.graphs.is_current_stream_capturing()
+    assert run_in_thread(torch.cuda.is_current_stream_capturing) is False
+
+    def join_capture() -> bool:
+        torch.cuda.set_stream(stream)
+        return torch.cuda.is_current_stream_capturing()
+
+    assert run_in_thread(join_capture) is True
+    with torch.cuda.stream(torch.cuda.Stream()):
+        assert not torch.cuda.is_current_stream_capturing()
+    g.capture_end()
+    assert not torch.cuda.is_current_stream_capturing()
+
+
+def test_capture_end_on_other_stream_refused(sim: SimulatedCuda) -> None:
+    """capture_end on another stream fails and leaves the capture running."""
+    g, stream = begin_raw()
+    with torch.cuda.stream(torch.cuda.Stream()), pytest.raises(SimulatedCudaError) as info:
+        g.capture_end()
+    assert str(info.value) == "Capture must end on the same stream it began on. [simulated CUDA]"
+    assert [ActiveCapture(1, stream.stream_id, "global", threading.get_ident(), False)] == (
+        sim.active_captures()
+    )
+    g.capture_end()
+
+
+def test_capture_end_without_capture_refused(sim: SimulatedCuda) -> None:
+    """capture_end on a graph that is not capturing fails."""
+    with pytest.raises(SimulatedCudaError) as info:
+        torch.cuda.CUDAGraph().capture_end()
+    assert str(info.value) == (
+        "Called CUDAGraph::capture_end on a graph that is not capturing. [simulated CUDA]"
+    )
+
+
+def test_standins_lead_to_the_real_classes(sim: SimulatedCuda) -> None:
+    """The first class in a stand-in's MRO without the marker is torch's real class."""
+
+    def real(cls: type) -> type:
+        return next(c for c in cls.__mro__ if "__cgguard_standin__" not in vars(c))
+
+    standins = [torch.cuda.CUDAGraph, torch.cuda.Stream, torch.cuda.Event]
+    assert [real(cls) for cls in standins] == [REAL_GRAPH, REAL_STREAM, REAL_EVENT]
+    assert [vars(cls)["__cgguard_standin__"] for cls in standins] == [True, True, True]
+
+
+def test_real_methods_run_through_the_standins(sim: SimulatedCuda) -> None:
+    """torch's own Stream/Event methods work over the simulated backend."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    event = side.record_event()
+    torch.cuda.current_stream().wait_event(event)
+    assert event.query()
+    assert side.query()
+    assert torch.device("cuda", 0) == side.device
+    assert hash(side) == hash(torch.cuda.Stream(stream_id=1, device_index=0, device_type=1))
+    expected = [
+        Call("event_record", (1, 0), "MainThread"),
+        Call("event_wait", (1, 1), "MainThread"),
+        Call("event_record", (2, 1), "MainThread"),
+        Call("event_wait", (2, 0), "MainThread"),
+    ]
+    assert expected == sim.calls
+
+
+def test_elapsed_time_needs_timing_and_records(sim: SimulatedCuda) -> None:
+    """elapsed_time refuses events without timing or not yet recorded."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with pytest.raises(SimulatedCudaError, match="must be recorded"):
+        start.elapsed_time(end)
+    start.record()
+    end.record()
+    assert start.elapsed_time(end) == 0.0
+    with pytest.raises(SimulatedCudaError, match="enable_timing=True"):
+        torch.cuda.Event().elapsed_time(end)
+
+
+def test_reprs_say_simulated(sim: SimulatedCuda) -> None:
+    """The runtime and its streams and events say they are simulated."""
+    assert repr(sim) == "<cgguard simulated CUDA runtime (no GPU): 0 calls, 0 active captures>"
+    assert repr(torch.cuda.current_stream()) == "<torch.cuda.Stream stream_id=0 [simulated CUDA]>"
+    assert repr(torch.cuda.Event()) == "<torch.cuda.Event event_id=1 [simulated CUDA]>"
+
+
+def test_objects_from_an_ended_session_refuse() -> None:
+    """A graph kept past its session raises instead of touching a new runtime."""
+    with simulated_cuda():
+        g = torch.cuda.CUDAGraph()
+    with simulated_cuda(), pytest.raises(SimulationError) as info:
+        g.replay()
+    assert str(info.value) == (
+        "this object belongs to a simulated_cuda() session that has ended [simulated CUDA]"
+    )
+
+
+def test_refuses_when_real_cuda_is_available(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With CUDA available the simulation refuses unless forced."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(SimulationError) as info, simulated_cuda():
+        pytest.fail("must not activate")
+    assert str(info.value) == (
+        "real CUDA is available and simulated_cuda() would shadow it; "
+        "pass force=True to simulate anyway [simulated CUDA]"
+    )
+    with simulated_cuda(force=True) as runtime:
+        assert isinstance(runtime, SimulatedCuda)
+
+
+def test_reentry_refused(sim: SimulatedCuda) -> None:
+    """A second simulated_cuda() while one is active is refused."""
+    with pytest.raises(SimulationError) as info, simulated_cuda():
+        pytest.fail("must not activate")
+    assert str(info.value) == "simulated_cuda() is already active [simulated CUDA]"
+
+
+def test_import_does_not_import_torch() -> None:
+    """Importing the module leaves torch unimported."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-c", "import cgguard._simcuda, sys; print('torch' in sys.modules)"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout == "False\n"
+
+
+def test_patches_on_the_real_class_reach_the_standin(
+    sim: SimulatedCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wrapper put on torch's real CUDAGraph.capture_begin runs for stand-in graphs."""
+    seen: list[str] = []
+    original = REAL_GRAPH.capture_begin
+
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        seen.append(kwargs["capture_error_mode"])
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(REAL_GRAPH, "capture_begin", wrapper)
+    with torch.cuda.graph(torch.cuda.CUDAGraph(), capture_error_mode="relaxed"):
+        pass
+    assert seen == ["relaxed"]
