@@ -45,14 +45,14 @@ def read(environ: Mapping[str, str]) -> tuple[dict[str, object], dict[str, str],
     """Parse the CGGUARD_* variables of ``environ``.
 
     Returns the Config fields that were set, the variable each came from, and one line per
-    value that was ignored because it is not accepted. An empty value counts as unset.
+    value that was ignored because it is not accepted. An empty or blank value counts as unset.
     """
     values: dict[str, object] = {}
     sources: dict[str, str] = {}
     problems: list[str] = []
     for name, (field, choices) in VARIABLES.items():
         raw = environ.get(name, "")
-        if not raw:
+        if not raw.strip():
             continue
         value: object
         if choices is None:

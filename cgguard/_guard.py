@@ -41,14 +41,26 @@ _ERRORS: dict[str, type[CaptureViolation]] = {
 class CaptureRecord:
     """A capture attempt that passed, or was let through: who began it, where, and how."""
 
-    __slots__ = ("api", "key", "mode", "stack", "thread_id")
+    __slots__ = ("api", "key", "mode", "opening", "stack", "thread_id")
 
-    def __init__(self, key: int, thread_id: int, api: str, mode: str, stack: Snapshot) -> None:
+    def __init__(
+        self,
+        key: int,
+        thread_id: int,
+        api: str,
+        mode: str,
+        stack: Snapshot,
+        *,
+        opening: bool = False,
+    ) -> None:
         self.key = key  # id() of the CUDAGraph that holds the capture
         self.thread_id = thread_id
         self.api = api
         self.mode = mode  # capture_error_mode: "global", "thread_local" or "relaxed"
         self.stack = stack
+        # True from torch.cuda.graph.__enter__'s check until the capture_begin it makes, so
+        # that one capture is not counted twice.
+        self.opening = opening
 
 
 def find_violations(
@@ -65,14 +77,18 @@ def find_violations(
     return found
 
 
-def check_begin(api: str, key: int, mode: str, stack: Snapshot) -> CaptureRecord:
+def check_begin(
+    api: str, key: int, mode: str, stack: Snapshot, *, opening: bool = False
+) -> CaptureRecord:
     """Check a capture attempt; report and possibly raise; else return its record.
+
+    The caller adds the record to ``_state.active`` once the capture has begun.
 
     Raises a CaptureViolation when a rule is broken and the configuration says raise. Any
     other failure in here is cgguard's own: it is reported once and the capture goes on.
     """
     thread_id = threading.get_ident()
-    record = CaptureRecord(key, thread_id, api, mode, stack)
+    record = CaptureRecord(key, thread_id, api, mode, stack, opening=opening)
     # The common case costs two reads: capture enabled and nothing else capturing.
     if _state.capture_enabled and not _state.active:
         return record
@@ -85,16 +101,6 @@ def check_begin(api: str, key: int, mode: str, stack: Snapshot) -> CaptureRecord
     if error is not None:
         raise error
     return record
-
-
-def activate(record: CaptureRecord) -> None:
-    """The capture of ``record`` has begun."""
-    _state.active[record.key] = record
-
-
-def deactivate(key: int) -> None:
-    """The capture held by the graph ``key`` has ended, successfully or not."""
-    _state.active.pop(key, None)
 
 
 def _handle(

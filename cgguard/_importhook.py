@@ -74,6 +74,7 @@ def cancel(name: str, callback: Callable[[ModuleType], None]) -> None:
     pending = _callbacks.get(name, [])
     if callback in pending:
         pending.remove(callback)
+    _retire_finder()
 
 
 def _notify(name: str, module: ModuleType) -> None:
@@ -83,5 +84,10 @@ def _notify(name: str, module: ModuleType) -> None:
             callback(module)
         except Exception as exc:
             warn_once(f"hook:{name}", f"error after importing {name}, ignored: {exc!r}")
+    _retire_finder()
+
+
+def _retire_finder() -> None:
+    # With nothing left to wait for, every later import skips cgguard entirely.
     if not any(_callbacks.values()) and _finder in sys.meta_path:
         sys.meta_path.remove(_finder)

@@ -8,6 +8,7 @@ all covered. Arguments pass through untouched: the signatures differ across torc
 from __future__ import annotations
 
 import importlib
+from threading import get_ident
 from typing import Any
 
 import wrapt
@@ -34,31 +35,44 @@ def _error_mode(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     return str(args[1]) if len(args) > 1 else "global"
 
 
+# The three wrappers below run on every capture: they do the least work that keeps the
+# record of active captures true, and leave everything else to cgguard._guard's slow path.
+
+
 def _graph_enter(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     # Checked before torch's __enter__ runs: it synchronizes, empties the cache and switches the
     # current stream before capture_begin, and a refusal raised after that would leave the
     # thread on the capture stream for good, since __exit__ never runs.
-    graph = getattr(instance, "cuda_graph", instance)
-    mode = str(getattr(instance, "capture_error_mode", "global"))
-    record = _guard.check_begin(_guard.API_GRAPH, id(graph), mode, snapshot(1))
-    _state.local.pending = record
+    key = id(instance.cuda_graph)
+    record = _guard.check_begin(
+        _guard.API_GRAPH, key, instance.capture_error_mode, snapshot(1), opening=True
+    )
+    active = _state.active
+    previous = active.get(key)  # a capture this graph already holds, which torch will refuse
+    active[key] = record
     try:
         return wrapped(*args, **kwargs)
-    finally:
-        _state.local.pending = None
+    except BaseException:
+        if active.get(key) is record:
+            if previous is None:
+                del active[key]
+            else:
+                active[key] = previous
+        raise
 
 
 def _capture_begin(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    record = getattr(_state.local, "pending", None)
-    if record is not None and record.key == id(instance):
+    key = id(instance)
+    record = _state.active.get(key)
+    if record is not None and record.opening and record.thread_id == get_ident():
         # The capture_begin that torch.cuda.graph.__enter__ makes: already checked, one capture.
-        _state.local.pending = None
-    else:
-        record = _guard.check_begin(
-            _guard.API_CAPTURE_BEGIN, id(instance), _error_mode(args, kwargs), snapshot(1)
-        )
+        record.opening = False
+        return wrapped(*args, **kwargs)
+    record = _guard.check_begin(
+        _guard.API_CAPTURE_BEGIN, key, _error_mode(args, kwargs), snapshot(1)
+    )
     result = wrapped(*args, **kwargs)
-    _guard.activate(record)
+    _state.active[key] = record
     return result
 
 
@@ -67,7 +81,7 @@ def _capture_end(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         return wrapped(*args, **kwargs)
     finally:
         # Whether capture_end succeeded or not, CUDA has left capture mode on that stream.
-        _guard.deactivate(id(instance))
+        _state.active.pop(id(instance), None)
 
 
 def patch_torch() -> None:

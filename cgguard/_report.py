@@ -125,7 +125,7 @@ class Reporter:
                 warn_once("report", f"could not report a violation: {exc!r}")
                 return
             warn_once(
-                "log_file",
+                f"log_file:{self.log_file}",
                 f"cannot write to log file {self.log_file!r} ({exc}); events go to stderr",
             )
             self._use(_StderrSink())

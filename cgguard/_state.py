@@ -7,7 +7,6 @@ capture path takes no lock.
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -24,10 +23,6 @@ capture_changed_at: Snapshot | None = None
 
 # Captures begun and not yet ended, by id() of the CUDAGraph that holds them.
 active: dict[int, CaptureRecord] = {}
-
-# Per thread: the record that torch.cuda.graph.__enter__ checked, waiting for the
-# capture_begin it is about to make, so that one capture is not counted twice.
-local = threading.local()
 
 # What install() set up; None while not installed.
 config: Config | None = None
@@ -52,7 +47,6 @@ def reset() -> None:
     global config, reporter
     set_flag(True, None)
     active.clear()
-    local.__dict__.clear()
     config = None
     reporter = None
     listeners.clear()

@@ -1,0 +1,272 @@
+"""cgguard._frames: stack snapshots, their rendering to the user's frames, and frames as text.
+
+Snapshots are taken in a sample module written for each test, on a thread started by
+``_thread`` so that no frame lies below the sample's ``main``: the rendered stack is known whole.
+"""
+
+from __future__ import annotations
+
+import _thread
+import functools
+import gc
+import importlib.util
+import os
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from cgguard import _frames
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+    from types import ModuleType
+
+    from cgguard._frames import FrameInfo, Snapshot
+
+SAMPLE = """\
+import weakref
+
+import cgguard._frames as frames
+
+
+def main(target, out, done):
+    try:
+        out.append(target())
+    finally:
+        done.release()
+
+
+def outer():
+    return inner()
+
+
+def inner():
+    return frames.snapshot(0)
+
+
+def outer_of_skipping():
+    return skipping()
+
+
+def skipping():
+    return frames.snapshot(1)
+
+
+def moved_on():
+    early = take()
+    late = take()
+    return early, late
+
+
+def take():
+    return frames.snapshot(0)
+
+
+def deep(n):
+    if n:
+        return deep(n - 1)
+    return frames.snapshot(0)
+
+
+def through(hidden):
+    return hidden(inner)
+
+
+class Tensor:
+    pass
+
+
+def holding():
+    tensor = Tensor()
+    return frames.snapshot(0), weakref.ref(tensor)
+"""
+SAMPLE_LINES = SAMPLE.splitlines()
+
+
+class Sample:
+    """The sample module, loaded from a file, and the rendered frames its lines must give."""
+
+    def __init__(self, path: Path) -> None:
+        path.write_text(SAMPLE)
+        self.file = str(path)
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        assert spec is not None
+        assert spec.loader is not None
+        self.module: ModuleType = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(self.module)
+
+    def frame(self, code: str, function: str) -> FrameInfo:
+        """The frame for the sample line that reads ``code``, first of its kind in ``function``."""
+        (start,) = [
+            n for n, text in enumerate(SAMPLE_LINES, 1) if text.startswith(f"def {function}(")
+        ]
+        line = next(
+            n for n, text in enumerate(SAMPLE_LINES, 1) if n > start and text.strip() == code
+        )
+        return {"file": self.file, "line": line, "function": function, "code": code}
+
+    def main_frame(self) -> FrameInfo:
+        return self.frame("out.append(target())", "main")
+
+    def run_bare(self, target: Callable[[], Any]) -> Any:
+        """``target()``'s result, called by the sample's main on a thread with no other frame."""
+        out: list[Any] = []
+        done = _thread.allocate_lock()
+        done.acquire()
+        _thread.start_new_thread(self.module.main, (target, out, done))
+        assert done.acquire(timeout=30), "the sample thread hung"
+        assert len(out) == 1, "the sample target failed"
+        return out[0]
+
+
+@pytest.fixture
+def sample(tmp_path: Path) -> Sample:
+    return Sample(tmp_path / "frames_sample.py")
+
+
+def compiled_in(filename: str, source: str, name: str) -> Callable[..., Any]:
+    """Function ``name`` of ``source``, compiled as though it lived in ``filename``."""
+    namespace: dict[str, Any] = {}
+    exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - fixed test source
+    return namespace[name]  # type: ignore[no-any-return]
+
+
+HIDDEN_CALLER = "def hidden(call):\n    return call()\n"
+
+
+def test_render_caller_frames_outermost_first(sample: Sample) -> None:
+    """snapshot(0) renders the caller and its callers, outermost first, with their source lines."""
+    stack: Snapshot = sample.run_bare(sample.module.outer)
+    expected = [
+        sample.main_frame(),
+        sample.frame("return inner()", "outer"),
+        sample.frame("return frames.snapshot(0)", "inner"),
+    ]
+    assert expected == _frames.render(stack)
+
+
+def test_snapshot_depth_skips_callers(sample: Sample) -> None:
+    """snapshot(1) starts one frame above its caller."""
+    stack: Snapshot = sample.run_bare(sample.module.outer_of_skipping)
+    expected = [sample.main_frame(), sample.frame("return skipping()", "outer_of_skipping")]
+    assert expected == _frames.render(stack)
+
+
+def test_line_is_the_line_at_snapshot_time(sample: Sample) -> None:
+    """Each frame keeps the line it was on when snapshotted, after it moved on and returned."""
+    early, late = sample.run_bare(sample.module.moved_on)
+    expected_early = [
+        sample.main_frame(),
+        sample.frame("early = take()", "moved_on"),
+        sample.frame("return frames.snapshot(0)", "take"),
+    ]
+    expected_late = [
+        sample.main_frame(),
+        sample.frame("late = take()", "moved_on"),
+        sample.frame("return frames.snapshot(0)", "take"),
+    ]
+    assert (expected_early, expected_late) == (_frames.render(early), _frames.render(late))
+
+
+def test_snapshot_keeps_no_locals_alive(sample: Sample) -> None:
+    """A snapshot holds no frame, so a snapshotted function's locals are freed when it returns."""
+    stack, tensor = sample.run_bare(sample.module.holding)
+    gc.collect()
+    assert tensor() is None
+    expected = [
+        sample.main_frame(),
+        sample.frame("return frames.snapshot(0), weakref.ref(tensor)", "holding"),
+    ]
+    assert expected == _frames.render(stack)
+
+
+def _package_dir(name: str) -> str:
+    if name == "cgguard":
+        return os.path.dirname(_frames.__file__)
+    path = importlib.import_module(name).__file__
+    assert path is not None
+    return os.path.dirname(path)
+
+
+@pytest.mark.parametrize("package", ["cgguard", "torch", "wrapt"])
+def test_render_drops_frames_of_hidden_packages(sample: Sample, package: str) -> None:
+    """Frames whose file lies in cgguard's, torch's or wrapt's folder are left out."""
+    hidden = compiled_in(os.path.join(_package_dir(package), "fake.py"), HIDDEN_CALLER, "hidden")
+    stack: Snapshot = sample.run_bare(functools.partial(sample.module.through, hidden))
+    expected = [
+        sample.main_frame(),
+        sample.frame("return hidden(inner)", "through"),
+        sample.frame("return frames.snapshot(0)", "inner"),
+    ]
+    assert expected == _frames.render(stack)
+
+
+def test_render_keeps_frames_of_a_folder_named_like_a_hidden_one(sample: Sample) -> None:
+    """A folder whose name only starts like torch's (torch_extra) is not hidden."""
+    filename = os.path.join(_package_dir("torch") + "_extra", "fake.py")
+    hidden = compiled_in(filename, HIDDEN_CALLER, "hidden")
+    stack: Snapshot = sample.run_bare(functools.partial(sample.module.through, hidden))
+    expected: list[FrameInfo] = [
+        sample.main_frame(),
+        sample.frame("return hidden(inner)", "through"),
+        {"file": filename, "line": 2, "function": "hidden", "code": None},
+        sample.frame("return frames.snapshot(0)", "inner"),
+    ]
+    assert expected == _frames.render(stack)
+
+
+def test_render_source_unavailable_gives_code_none(sample: Sample) -> None:
+    """A frame whose source cannot be read (compiled from a string) renders with code None."""
+    probe = compiled_in("<string>", HIDDEN_CALLER, "hidden")
+    stack: Snapshot = sample.run_bare(functools.partial(probe, sample.module.inner))
+    expected: list[FrameInfo] = [
+        sample.main_frame(),
+        {"file": "<string>", "line": 2, "function": "hidden", "code": None},
+        sample.frame("return frames.snapshot(0)", "inner"),
+    ]
+    assert expected == _frames.render(stack)
+
+
+def test_snapshot_depth_is_bounded(sample: Sample) -> None:
+    """Deep recursion records only the innermost MAX_DEPTH frames."""
+    stack: Snapshot = sample.run_bare(functools.partial(sample.module.deep, 3 * _frames.MAX_DEPTH))
+    assert len(stack) == 2 * _frames.MAX_DEPTH
+    expected = [sample.frame("return deep(n - 1)", "deep")] * (_frames.MAX_DEPTH - 1) + [
+        sample.frame("return frames.snapshot(0)", "deep")
+    ]
+    assert expected == _frames.render(stack)
+
+
+FRAMES: list[FrameInfo] = [
+    {"file": "/app/serve.py", "line": 12, "function": "<module>", "code": "main()"},
+    {"file": "<string>", "line": 1, "function": "generated", "code": None},
+    {"file": "/app/model.py", "line": 40, "function": "warm_up", "code": "with graph(g):"},
+]
+
+
+def test_where_names_innermost_frame() -> None:
+    """where() is the innermost frame as file:line (in function)."""
+    assert _frames.where(FRAMES) == "/app/model.py:40 (in warm_up)"
+
+
+def test_where_without_frames() -> None:
+    """where() of no frames is <unknown>."""
+    assert _frames.where([]) == "<unknown>"
+
+
+def test_format_frames_like_a_traceback() -> None:
+    """format_frames() writes Python's traceback lines, skipping the code line when it is None."""
+    expected = (
+        '  File "/app/serve.py", line 12, in <module>\n'
+        "    main()\n"
+        '  File "<string>", line 1, in generated\n'
+        '  File "/app/model.py", line 40, in warm_up\n'
+        "    with graph(g):"
+    )
+    assert expected == _frames.format_frames(FRAMES)
+
+
+def test_format_frames_empty() -> None:
+    """format_frames() of no frames is the empty string."""
+    assert _frames.format_frames([]) == ""

@@ -1,0 +1,194 @@
+"""cgguard._importhook: callbacks run right after a module's import, never importing it first."""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import sys
+from typing import TYPE_CHECKING
+
+import pytest
+
+from cgguard import _importhook, _warn
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from pathlib import Path
+    from types import ModuleType
+
+_serial = itertools.count()
+
+
+class Modules:
+    """Throwaway modules written to a folder on sys.path, each under a name never used before."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.names: list[str] = []
+
+    def write(self, source: str, *, package: bool = False) -> str:
+        """Write a module (or a package's __init__) holding ``source``; return its name."""
+        name = f"cgguard_hook_sample_{next(_serial)}"
+        self.names.append(name)
+        if package:
+            (self.folder / name).mkdir()
+            (self.folder / name / "__init__.py").write_text(source)
+        else:
+            (self.folder / f"{name}.py").write_text(source)
+        importlib.invalidate_caches()
+        return name
+
+    def forget(self) -> None:
+        for name in list(sys.modules):
+            if any(name == n or name.startswith(f"{n}.") for n in self.names):
+                del sys.modules[name]
+
+
+@pytest.fixture
+def modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Modules]:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    made = Modules(tmp_path)
+    yield made
+    made.forget()
+
+
+@pytest.fixture(autouse=True)
+def _clean_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No callbacks pending, sys.meta_path restored and warnings unsaid, around each test."""
+    monkeypatch.setattr(_importhook, "_callbacks", {})
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setattr(_warn, "_said", set())
+
+
+def recorder(calls: list[tuple[ModuleType, object]]) -> Callable[[ModuleType], None]:
+    """A callback that records the module and the value its body sets last, LAST."""
+
+    def record(module: ModuleType) -> None:
+        calls.append((module, getattr(module, "LAST", "<not yet>")))
+
+    return record
+
+
+BODY = "FIRST = 1\nMIDDLE = FIRST + 1\nLAST = 'body ran to the end'\n"
+
+
+def test_fires_once_after_the_body_ran(modules: Modules) -> None:
+    """The callback gets the module once its whole body ran, and never again on re-import."""
+    name = modules.write(BODY)
+    calls: list[tuple[ModuleType, object]] = []
+    _importhook.when_imported(name, recorder(calls))
+    module = importlib.import_module(name)
+    del sys.modules[name]
+    importlib.import_module(name)
+    assert [(module, "body ran to the end")] == calls
+
+
+def test_fires_for_a_submodule(modules: Modules) -> None:
+    """A callback for a package's submodule fires when the submodule is imported."""
+    package = modules.write("", package=True)
+    (modules.folder / package / "sub.py").write_text(BODY)
+    importlib.invalidate_caches()
+    calls: list[tuple[ModuleType, object]] = []
+    _importhook.when_imported(f"{package}.sub", recorder(calls))
+    module = importlib.import_module(f"{package}.sub")
+    assert [(module, "body ran to the end")] == calls
+
+
+def test_other_modules_do_not_fire(modules: Modules) -> None:
+    """Importing other modules and packages fires nothing; the watched one fires after."""
+    watched = modules.write(BODY)
+    calls: list[tuple[ModuleType, object]] = []
+    _importhook.when_imported(watched, recorder(calls))
+    importlib.import_module(modules.write(BODY))
+    importlib.import_module(modules.write(BODY, package=True))
+    assert calls == []
+    module = importlib.import_module(watched)
+    assert [(module, "body ran to the end")] == calls
+
+
+def test_registering_does_not_import(modules: Modules) -> None:
+    """when_imported() only registers: the module is not imported and nothing is called."""
+    name = modules.write("raise AssertionError('imported by when_imported')\n")
+    calls: list[tuple[ModuleType, object]] = []
+    _importhook.when_imported(name, recorder(calls))
+    assert (name in sys.modules, calls) == (False, [])
+
+
+def test_cancel_prevents_the_call(modules: Modules) -> None:
+    """A cancelled callback does not run; the others registered for the module still do."""
+    name = modules.write(BODY)
+    cancelled: list[tuple[ModuleType, object]] = []
+    kept: list[tuple[ModuleType, object]] = []
+    callback = recorder(cancelled)
+    _importhook.when_imported(name, callback)
+    _importhook.when_imported(name, recorder(kept))
+    _importhook.cancel(name, callback)
+    module = importlib.import_module(name)
+    assert ([], [(module, "body ran to the end")]) == (cancelled, kept)
+
+
+def test_failing_callback_does_not_fail_the_import(
+    modules: Modules, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A callback that raises leaves the import whole, the next callback runs, one line is said."""
+    name = modules.write(BODY)
+
+    def fail(module: ModuleType) -> None:
+        raise ValueError("boom")
+
+    calls: list[tuple[ModuleType, object]] = []
+    _importhook.when_imported(name, fail)
+    _importhook.when_imported(name, recorder(calls))
+    module = importlib.import_module(name)
+    assert [(module, "body ran to the end")] == calls
+    assert sys.modules[name] is module
+    expected_err = f"cgguard: error after importing {name}, ignored: ValueError('boom')\n"
+    assert ("", expected_err) == capsys.readouterr()
+
+
+def test_failed_import_does_not_fire(modules: Modules) -> None:
+    """A module whose body raises fails as usual and its callback waits for a successful import."""
+    name = modules.write("LAST = 'half'\nraise ImportError('body failed')\n")
+    calls: list[tuple[ModuleType, object]] = []
+    _importhook.when_imported(name, recorder(calls))
+    with pytest.raises(ImportError) as info:
+        importlib.import_module(name)
+    assert str(info.value) == "body failed"
+    assert calls == []
+    (modules.folder / f"{name}.py").write_text(BODY)
+    importlib.invalidate_caches()
+    module = importlib.import_module(name)
+    assert [(module, "body ran to the end")] == calls
+
+
+def test_finder_leaves_meta_path_when_nothing_is_pending(modules: Modules) -> None:
+    """The finder goes first on sys.meta_path while callbacks wait, and leaves after the last."""
+    before = list(sys.meta_path)
+    first, second = modules.write(BODY), modules.write(BODY)
+    _importhook.when_imported(first, recorder([]))
+    _importhook.when_imported(second, recorder([]))
+    assert [_importhook._finder, *before] == sys.meta_path
+    importlib.import_module(first)
+    assert [_importhook._finder, *before] == sys.meta_path
+    importlib.import_module(second)
+    assert before == sys.meta_path
+
+
+def test_cancel_of_the_last_callback_removes_the_finder(modules: Modules) -> None:
+    """Cancelling the only pending callback takes the finder off sys.meta_path."""
+    before = list(sys.meta_path)
+    name = modules.write(BODY)
+    callback = recorder([])
+    _importhook.when_imported(name, callback)
+    _importhook.cancel(name, callback)
+    assert before == sys.meta_path
+
+
+def test_loader_is_left_unhooked(modules: Modules) -> None:
+    """After the import the module's loader has no instance exec_module left by the hook."""
+    name = modules.write(BODY)
+    _importhook.when_imported(name, recorder([]))
+    module = importlib.import_module(name)
+    assert module.__spec__ is not None
+    loader = module.__spec__.loader
+    assert "exec_module" not in vars(loader)

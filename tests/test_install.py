@@ -1,0 +1,208 @@
+"""install() and uninstall(): patched once, restored exactly, before or after torch's import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import wrapt
+
+import cgguard
+from cgguard import _patches, _state, _warn
+from cgguard.testing import simulated_cuda
+
+
+def entry_points() -> dict[str, object]:
+    """torch's capture entry points, exactly as the classes hold them now."""
+    graph, cuda_graph = torch.cuda.graphs.graph, torch.cuda.graphs.CUDAGraph
+    return {
+        "graph.__enter__": graph.__dict__.get("__enter__"),
+        "graph.__exit__": graph.__dict__.get("__exit__"),
+        "CUDAGraph.capture_begin": cuda_graph.__dict__.get("capture_begin"),
+        "CUDAGraph.capture_end": cuda_graph.__dict__.get("capture_end"),
+        "torch.cuda.graph": torch.cuda.graph,
+        "torch.cuda.CUDAGraph": torch.cuda.CUDAGraph,
+    }
+
+
+def run_python(code: str) -> str:
+    """Run ``code`` in a fresh interpreter; return its stdout (stderr must be empty)."""
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, check=False
+    )
+    assert (out.returncode, out.stderr) == (0, "")
+    return out.stdout
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_warn, "_said", set())
+
+
+def test_install_wraps_the_three_entry_points() -> None:
+    """install() wraps graph.__enter__, capture_begin and capture_end on the real classes."""
+    before = entry_points()
+    cgguard.install()
+    after = entry_points()
+    changed = sorted(name for name in before if before[name] is not after[name])
+    assert changed == ["CUDAGraph.capture_begin", "CUDAGraph.capture_end", "graph.__enter__"]
+    for name in changed:
+        assert isinstance(after[name], wrapt.FunctionWrapper)
+        assert after[name].__wrapped__ is before[name]  # type: ignore[attr-defined]
+
+
+def test_install_is_idempotent() -> None:
+    """A second install() patches nothing more: each entry point is wrapped once."""
+    cgguard.install()
+    once = entry_points()
+    cgguard.install()
+    assert entry_points() == once
+    assert len(_state.patches) == 3
+
+
+def test_install_with_config_switches_configuration() -> None:
+    """install(config) when installed adopts the new configuration without repatching."""
+    cgguard.install()
+    patched = entry_points()
+    log = cgguard.Config(mode="log")
+    cgguard.install(log)
+    assert (_state.config, entry_points()) == (log, patched)
+    cgguard.install()
+    assert _state.config is log
+
+
+def test_install_rejects_a_non_config() -> None:
+    """install() names the bad argument and what it accepts."""
+    with pytest.raises(cgguard.ConfigError) as raised:
+        cgguard.install("log")  # type: ignore[arg-type]
+    assert str(raised.value) == (
+        "install(config='log'): accepted values are None or a cgguard.Config"
+    )
+    assert not cgguard.is_installed()
+
+
+def test_install_applies_the_configured_capture_flag() -> None:
+    """Config(capture="disabled") sets the flag off at install, with no stack behind it."""
+    cgguard.install(cgguard.Config(capture="disabled"))
+    assert (cgguard.is_capture_enabled(), _state.capture_changed_at) == (False, None)
+
+
+def test_uninstall_restores_attributes_exactly() -> None:
+    """install then uninstall leaves every torch attribute identical; uninstall is idempotent."""
+    before = entry_points()
+    cgguard.install()
+    assert cgguard.is_installed()
+    cgguard.uninstall()
+    cgguard.uninstall()
+    assert entry_points() == before
+    assert not cgguard.is_installed()
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        "sim install uninstall unsim",
+        "install sim uninstall unsim",
+        "sim install unsim uninstall",
+        "install sim unsim uninstall",
+    ],
+)
+def test_simulation_and_install_restore_in_any_order(order: str) -> None:
+    """With the simulated runtime set up before or after install, all of torch comes back."""
+    before = entry_points()
+    simulation = simulated_cuda()
+    steps = {
+        "sim": simulation.__enter__,
+        "unsim": lambda: simulation.__exit__(None, None, None),
+        "install": cgguard.install,
+        "uninstall": cgguard.uninstall,
+    }
+    for step in order.split():
+        steps[step]()
+        if step == "sim" and cgguard.is_installed():
+            # Patches made before the simulation still guard the stand-in's captures.
+            with cgguard.capture_disabled(), pytest.raises(cgguard.CaptureDisabledError):
+                torch.cuda.CUDAGraph().capture_begin()
+    assert entry_points() == before
+
+
+def test_patches_go_on_the_real_class_under_simulation() -> None:
+    """Installed while simulated, the real CUDAGraph is patched, not the stand-in."""
+    with simulated_cuda():
+        cgguard.install()
+        assert torch.cuda.CUDAGraph is not torch.cuda.graphs.CUDAGraph
+        assert _patches.real_class(torch.cuda.CUDAGraph) is torch.cuda.graphs.CUDAGraph
+        assert "capture_begin" not in vars(torch.cuda.CUDAGraph)
+        assert isinstance(vars(torch.cuda.graphs.CUDAGraph)["capture_begin"], wrapt.FunctionWrapper)
+
+
+def test_patch_failure_warns_and_leaves_torch_alone(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A failure half-way through patching undoes what was patched and prints one line."""
+    before = entry_points()
+    calls = []
+
+    def failing_wrapper(wrapped: object, wrapper: object) -> object:
+        calls.append(wrapped)
+        if len(calls) == 2:
+            raise TypeError("cannot wrap")
+        return wrapt.FunctionWrapper(wrapped, wrapper)
+
+    monkeypatch.setattr(_patches.wrapt, "FunctionWrapper", failing_wrapper)
+    cgguard.install()
+    assert entry_points() == before
+    assert cgguard.is_installed()
+    assert capsys.readouterr().err == (
+        "cgguard: could not patch torch, captures are not guarded: TypeError('cannot wrap')\n"
+    )
+
+
+def test_install_before_torch_patches_on_import() -> None:
+    """install() before ``import torch`` does not import torch, and patches it once imported."""
+    out = run_python(
+        """
+        import os, sys, cgguard
+        cgguard.install(cgguard.Config(log_file=os.devnull))
+        print("torch imported by install:", "torch" in sys.modules)
+        import torch
+        print("patched:", type(vars(torch.cuda.graphs.graph)["__enter__"]).__name__)
+        from cgguard.testing import simulated_cuda
+        with simulated_cuda(), cgguard.capture_disabled():
+            try:
+                torch.cuda.graph(torch.cuda.CUDAGraph()).__enter__()
+            except cgguard.CaptureDisabledError as exc:
+                print("refused:", exc.event["rule"])
+        """
+    )
+    assert out == (
+        "torch imported by install: False\npatched: FunctionWrapper\nrefused: capture_disabled\n"
+    )
+
+
+def test_uninstall_before_torch_cancels_the_patch() -> None:
+    """install() then uninstall() before ``import torch`` leaves torch unpatched."""
+    out = run_python(
+        """
+        import cgguard
+        cgguard.install()
+        cgguard.uninstall()
+        import torch
+        print(type(vars(torch.cuda.graphs.graph)["__enter__"]).__name__)
+        """
+    )
+    assert out == "function\n"
+
+
+def test_import_cgguard_loads_nothing_heavy() -> None:
+    """``import cgguard`` loads neither torch, wrapt nor structlog."""
+    out = run_python(
+        """
+        import sys, cgguard
+        print(sorted(m for m in ("torch", "wrapt", "structlog") if m in sys.modules))
+        """
+    )
+    assert out == "[]\n"

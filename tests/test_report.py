@@ -1,0 +1,366 @@
+"""cgguard._report: violation events rendered by cgguard's own structlog chain, then written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import structlog
+import structlog.testing
+
+from cgguard import _warn
+from cgguard._report import Reporter
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, MutableMapping
+    from pathlib import Path
+
+
+def nested_event() -> dict[str, Any]:
+    """A nested-capture violation that was refused, in the README's schema."""
+    return {
+        "event": "cgguard.capture_violation",
+        "level": "error",
+        "rule": "nested_capture",
+        "action": "raised",
+        "api": "torch.cuda.graph",
+        "message": "a CUDA-graph capture began inside another on thread MainThread",
+        "thread": "MainThread",
+        "thread_id": 1,
+        "pid": 2,
+        "timestamp": "2026-01-01T00:00:00.000000Z",
+        "stack": [
+            {"file": "serve.py", "line": 10, "function": "<module>", "code": "main()"},
+            {"file": "f.py", "line": 3, "function": "fn", "code": "x()"},
+        ],
+        "outer_stack": [
+            {"file": "g.py", "line": 7, "function": "outer", "code": "with torch.cuda.graph(g):"},
+        ],
+    }
+
+
+def disabled_event(disabled_stack: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A capture-disabled violation that was only logged, in the README's schema."""
+    return {
+        "event": "cgguard.capture_violation",
+        "level": "warning",
+        "rule": "capture_disabled",
+        "action": "logged",
+        "api": "torch.cuda.graph.capture_begin",
+        "message": "a CUDA-graph capture began while capture was disabled",
+        "thread": "worker-1",
+        "thread_id": 140,
+        "pid": 77,
+        "timestamp": "2026-01-01T00:00:01.500000Z",
+        "stack": [{"file": "f.py", "line": 3, "function": "fn", "code": "x()"}],
+        "disabled_stack": disabled_stack,
+    }
+
+
+DISABLER = [
+    {"file": "h.py", "line": 9, "function": "setup", "code": "cgguard.set_capture_enabled(False)"},
+    {"file": "<string>", "line": 1, "function": "<module>", "code": None},
+]
+
+EVENTS = [
+    pytest.param(nested_event(), id="nested"),
+    pytest.param(disabled_event(), id="disabled-at-start"),
+    pytest.param(disabled_event(DISABLER), id="disabled-in-code"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """warn_once remembers keys process-wide; each test starts with none said."""
+    monkeypatch.setattr(_warn, "_said", set())
+
+
+@pytest.fixture
+def reporters() -> Iterator[list[Reporter]]:
+    """Reporters a test opens, closed after it."""
+    made: list[Reporter] = []
+    yield made
+    for reporter in made:
+        reporter.close()
+
+
+def json_lines(text: str) -> list[Any]:
+    """Each newline-terminated line of ``text``, parsed as JSON."""
+    assert text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+@pytest.mark.parametrize("event", EVENTS)
+def test_injected_processors_see_the_event(event: dict[str, Any]) -> None:
+    """Injected processors receive exactly the event's fields, plus the level LogCapture adds."""
+    capture = structlog.testing.LogCapture()
+    Reporter(processors=[capture]).emit(event)
+    assert [{**event, "log_level": event["level"]}] == capture.entries
+
+
+@pytest.mark.parametrize("event", EVENTS)
+def test_json_is_one_line_of_the_event(
+    event: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """JSON rendering writes one stderr line that parses back to the event, keys in schema order."""
+    Reporter(log_format="json").emit(event)
+    out, err = capsys.readouterr()
+    (parsed,) = json_lines(err)
+    assert ("", event, list(event)) == (out, parsed, list(parsed))
+
+
+def test_json_starts_with_event_key(capsys: pytest.CaptureFixture[str]) -> None:
+    """The JSON line's first key is "event", whatever order the fields came in."""
+    event = nested_event()
+    shuffled = dict(reversed(list(event.items())))
+    Reporter(log_format="json").emit(shuffled)
+    (parsed,) = json_lines(capsys.readouterr().err)
+    assert (event, "event") == (parsed, next(iter(parsed)))
+
+
+def test_default_format_is_json_when_stderr_is_not_a_terminal(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """With no format chosen and stderr not a terminal, events are JSON lines."""
+    Reporter().emit(nested_event())
+    assert [nested_event()] == json_lines(capsys.readouterr().err)
+
+
+@pytest.mark.usefixtures("capsys")
+def test_emit_leaves_the_callers_event_unchanged() -> None:
+    """Rendering works on a copy: the event passed in is the same after emit()."""
+    event = nested_event()
+    Reporter(log_format="console").emit(event)
+    Reporter(log_format="json").emit(event)
+    assert nested_event() == event
+
+
+CONSOLE_BLOCKS = [
+    pytest.param(
+        nested_event(),
+        "The capture was attempted at (most recent call last):\n"
+        '  File "serve.py", line 10, in <module>\n'
+        "    main()\n"
+        '  File "f.py", line 3, in fn\n'
+        "    x()\n"
+        "\n"
+        "The outer capture began at (most recent call last):\n"
+        '  File "g.py", line 7, in outer\n'
+        "    with torch.cuda.graph(g):\n",
+        id="nested",
+    ),
+    pytest.param(
+        disabled_event(),
+        "The capture was attempted at (most recent call last):\n"
+        '  File "f.py", line 3, in fn\n'
+        "    x()\n"
+        "\n"
+        "Capture was disabled at (most recent call last):\n"
+        "  (by configuration at start)\n",
+        id="disabled-at-start",
+    ),
+    pytest.param(
+        disabled_event(DISABLER),
+        "The capture was attempted at (most recent call last):\n"
+        '  File "f.py", line 3, in fn\n'
+        "    x()\n"
+        "\n"
+        "Capture was disabled at (most recent call last):\n"
+        '  File "h.py", line 9, in setup\n'
+        "    cgguard.set_capture_enabled(False)\n"
+        '  File "<string>", line 1, in <module>\n',
+        id="disabled-in-code",
+    ),
+]
+
+
+@pytest.mark.parametrize(("event", "block"), CONSOLE_BLOCKS)
+def test_console_folds_stacks_into_a_traceback_block(
+    event: dict[str, Any], block: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Console rendering prints the event line, then its stacks as one traceback-like block."""
+    Reporter(log_format="console").emit(event)
+    out, err = capsys.readouterr()
+    _, rest = err.split("\n", 1)
+    assert ("", block) == (out, rest)
+
+
+def test_console_has_no_colors_when_stderr_is_not_a_terminal(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Console rendering to a stderr that is not a terminal has no ANSI escape codes."""
+    Reporter(log_format="console").emit(nested_event())
+    assert "\x1b" not in capsys.readouterr().err
+
+
+def test_log_file_appends_one_line_per_event(
+    tmp_path: Path, reporters: list[Reporter], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each event appends exactly one line to the log file, after what it held; stderr is quiet."""
+    path = tmp_path / "events.log"
+    path.write_text('{"earlier": true}\n')
+    reporter = Reporter(log_format="json", log_file=str(path))
+    reporters.append(reporter)
+    reporter.emit(nested_event())
+    reporter.emit(disabled_event())
+    expected = [{"earlier": True}, nested_event(), disabled_event()]
+    assert expected == json_lines(path.read_text())
+    assert capsys.readouterr() == ("", "")
+
+
+def test_log_file_is_created_when_missing(tmp_path: Path, reporters: list[Reporter]) -> None:
+    """A log file that does not exist yet is created, holding the event."""
+    path = tmp_path / "new.log"
+    reporter = Reporter(log_format="json", log_file=str(path))
+    reporters.append(reporter)
+    reporter.emit(nested_event())
+    assert [nested_event()] == json_lines(path.read_text())
+
+
+def test_two_reporters_share_a_log_file_in_turn(tmp_path: Path, reporters: list[Reporter]) -> None:
+    """Two reporters on one file (two processes) append in turn: nothing is overwritten."""
+    path = str(tmp_path / "shared.log")
+    first = Reporter(log_format="json", log_file=path)
+    second = Reporter(log_format="json", log_file=path)
+    reporters.extend([first, second])
+    first.emit(nested_event())
+    second.emit(disabled_event())
+    first.emit(disabled_event(DISABLER))
+    second.emit(nested_event())
+    expected = [nested_event(), disabled_event(), disabled_event(DISABLER), nested_event()]
+    assert expected == json_lines((tmp_path / "shared.log").read_text())
+
+
+def test_two_reporters_writing_at_once_never_interleave(
+    tmp_path: Path, reporters: list[Reporter]
+) -> None:
+    """Long lines written at once by two reporters on one file land whole, none lost."""
+    path = str(tmp_path / "busy.log")
+
+    def event(writer: int, n: int) -> dict[str, Any]:
+        return {**nested_event(), "pid": writer, "thread_id": n, "message": f"{writer}" * 20_000}
+
+    def write_all(reporter: Reporter, writer: int) -> None:
+        for n in range(100):
+            reporter.emit(event(writer, n))
+
+    pair = [Reporter(log_format="json", log_file=path) for _ in range(2)]
+    reporters.extend(pair)
+    threads = [threading.Thread(target=write_all, args=(r, w)) for w, r in enumerate(pair)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "a writer hung"
+    written = json_lines((tmp_path / "busy.log").read_text())
+    expected = [event(w, n) for w in range(2) for n in range(100)]
+    assert expected == sorted(written, key=lambda e: (e["pid"], e["thread_id"]))
+
+
+def _fds_on(path: Path) -> list[int]:
+    """This process's open file descriptors on ``path``."""
+    fds = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue  # the listing's own descriptor, closed by now
+        if target == str(path):
+            fds.append(int(name))
+    return fds
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_close_releases_the_log_file(tmp_path: Path) -> None:
+    """The log file is held open from the first event until close()."""
+    path = tmp_path / "held.log"
+    reporter = Reporter(log_format="json", log_file=str(path))
+    reporter.emit(nested_event())
+    held = _fds_on(path)
+    reporter.close()
+    assert (len(held), _fds_on(path)) == (1, [])
+
+
+def test_unopenable_log_file_falls_back_to_stderr(
+    tmp_path: Path, reporters: list[Reporter], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A log file that cannot be opened is said once on stderr, and events go to stderr."""
+    path = str(tmp_path / "missing" / "events.log")
+    reporter = Reporter(log_format="json", log_file=path)
+    reporters.append(reporter)
+    reporter.emit(nested_event())
+    reporter.emit(disabled_event())
+    out, err = capsys.readouterr()
+    warning, *events = err.splitlines()
+    expected_warning = (
+        f"cgguard: cannot write to log file {path!r} "
+        f"([Errno 2] No such file or directory: {path!r}); events go to stderr"
+    )
+    assert ("", expected_warning) == (out, warning)
+    assert [nested_event(), disabled_event()] == [json.loads(line) for line in events]
+
+
+def test_failing_processor_is_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    """A processor that raises makes emit() say one warning on stderr instead of raising."""
+
+    def broken(_: object, __: str, event_dict: MutableMapping[str, Any]) -> Any:
+        raise RuntimeError("processor failed")
+
+    reporter = Reporter(processors=[broken])
+    reporter.emit(nested_event())
+    reporter.emit(nested_event())
+    expected_err = "cgguard: could not report a violation: RuntimeError('processor failed')\n"
+    assert ("", expected_err) == capsys.readouterr()
+
+
+@pytest.fixture
+def host_structlog() -> Iterator[None]:
+    """The host program's structlog configuration, restored after the test."""
+    configured = structlog.is_configured()
+    saved = structlog.get_config()
+    yield
+    structlog.reset_defaults()
+    if configured:
+        structlog.configure(**saved)
+
+
+@pytest.mark.usefixtures("host_structlog")
+def test_host_structlog_configuration_is_neither_read_nor_changed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The host's structlog processors never see cgguard's events, and its config is unchanged."""
+    seen: list[dict[str, Any]] = []
+
+    def host_processor(_: object, __: str, event_dict: MutableMapping[str, Any]) -> Any:
+        seen.append(dict(event_dict))
+        raise RuntimeError("the host's processor ran")
+
+    structlog.configure(processors=[host_processor])
+    # Lists copied: a processor appended in place would otherwise show in both.
+    before = {k: list(v) if isinstance(v, list) else v for k, v in structlog.get_config().items()}
+    Reporter(log_format="console").emit(nested_event())
+    Reporter(log_format="json").emit(nested_event())
+    after = structlog.get_config()
+    json_line = capsys.readouterr().err.splitlines()[-1]
+    assert (nested_event(), []) == (json.loads(json_line), seen)
+    assert before == after
+
+
+def test_structlog_is_imported_at_the_first_emit() -> None:
+    """Importing cgguard._report does not import structlog; the first emit does."""
+    script = (
+        "import sys, cgguard._report\n"
+        "print('structlog' in sys.modules)\n"
+        "cgguard._report.Reporter(log_format='json').emit({'event': 'e', 'level': 'error'})\n"
+        "print('structlog' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    expected = ("False\nTrue\n", '{"event": "e", "level": "error"}\n')
+    assert expected == (result.stdout, result.stderr)
