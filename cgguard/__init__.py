@@ -4,8 +4,6 @@ The public API is re-exported here lazily: ``import cgguard`` loads nothing else
 used, so that activation in every process costs nothing until torch is imported.
 """
 
-from __future__ import annotations
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from cgguard._config import Config

@@ -2,8 +2,6 @@
 
 # Read on the start-up path of every process, before torch: standard library only, and no
 # ``typing`` at runtime (it alone costs most of a bare interpreter's start-up).
-from __future__ import annotations
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -41,7 +39,7 @@ def accepted(choices: tuple[str, ...]) -> str:
     return ", ".join(choices)
 
 
-def read(environ: Mapping[str, str]) -> tuple[dict[str, object], dict[str, str], list[str]]:
+def read(environ: "Mapping[str, str]") -> tuple[dict[str, object], dict[str, str], list[str]]:
     """Parse the CGGUARD_* variables of ``environ``.
 
     Returns the Config fields that were set, the variable each came from, and one line per
@@ -71,7 +69,7 @@ def read(environ: Mapping[str, str]) -> tuple[dict[str, object], dict[str, str],
     return values, sources, problems
 
 
-def is_enabled(environ: Mapping[str, str]) -> bool | None:
+def is_enabled(environ: "Mapping[str, str]") -> bool | None:
     """CGGUARD_ENABLED as a boolean; None when unset or empty, or not an accepted spelling."""
     raw = environ.get(ENABLED, "")
     return parse_bool(raw) if raw else None

@@ -4,11 +4,7 @@ A small post-import hook of cgguard's own: wrapt has one, but importing wrapt co
 a whole interpreter start-up, and this module is on the start-up path. Standard library only.
 """
 
-from __future__ import annotations
-
 import sys
-
-from cgguard._warn import warn_once
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -17,15 +13,18 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
-_callbacks: dict[str, list[Callable[[ModuleType], None]]] = {}
+_callbacks: "dict[str, list[Callable[[ModuleType], None]]]" = {}
 
 
 class _PostImportFinder:
     """A meta path finder that finds nothing itself: it wraps the spec the others find."""
 
     def find_spec(
-        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
-    ) -> ModuleSpec | None:
+        self,
+        fullname: str,
+        path: "Sequence[str] | None" = None,
+        target: "ModuleType | None" = None,
+    ) -> "ModuleSpec | None":
         if not _callbacks.get(fullname):
             return None
         spec: ModuleSpec | None = None
@@ -43,7 +42,7 @@ class _PostImportFinder:
         if exec_module is None or isinstance(loader, type):
             return spec  # no per-import loader object to hook: the import goes on unchanged
 
-        def exec_then_notify(module: ModuleType) -> None:
+        def exec_then_notify(module: "ModuleType") -> None:
             # Undo the instance attribute first: a loader object may be reused.
             loader.__dict__.pop("exec_module", None)
             exec_module(module)
@@ -59,7 +58,7 @@ class _PostImportFinder:
 _finder = _PostImportFinder()
 
 
-def when_imported(name: str, callback: Callable[[ModuleType], None]) -> None:
+def when_imported(name: str, callback: "Callable[[ModuleType], None]") -> None:
     """Call ``callback(module)`` once ``name`` has been imported by someone else.
 
     Only registers: a caller that wants "now, if already imported" checks sys.modules itself.
@@ -69,7 +68,7 @@ def when_imported(name: str, callback: Callable[[ModuleType], None]) -> None:
         sys.meta_path.insert(0, _finder)
 
 
-def cancel(name: str, callback: Callable[[ModuleType], None]) -> None:
+def cancel(name: str, callback: "Callable[[ModuleType], None]") -> None:
     """Forget a callback registered with when_imported(), if it has not run yet."""
     pending = _callbacks.get(name, [])
     if callback in pending:
@@ -77,12 +76,14 @@ def cancel(name: str, callback: Callable[[ModuleType], None]) -> None:
     _retire_finder()
 
 
-def _notify(name: str, module: ModuleType) -> None:
+def _notify(name: str, module: "ModuleType") -> None:
     for callback in _callbacks.pop(name, []):
         # A callback's failure must not become the failure of the user's import.
         try:
             callback(module)
         except Exception as exc:
+            from cgguard._warn import warn_once
+
             warn_once(f"hook:{name}", f"error after importing {name}, ignored: {exc!r}")
     _retire_finder()
 

@@ -3,8 +3,6 @@
 # Imported on the start-up path: standard library only.
 # Not warnings.warn: under ``python -W error`` that would turn cgguard's trouble into the
 # program's crash, the one thing an agent must never cause.
-from __future__ import annotations
-
 import sys
 
 _said: set[str] = set()

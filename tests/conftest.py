@@ -19,18 +19,23 @@ if TYPE_CHECKING:
 pytest_plugins = ["cgguard.testing.fixtures"]
 
 
-def _cuda_available() -> bool:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch
 
-    return bool(torch.cuda.is_available())
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if any(item.get_closest_marker("cuda") for item in items) and not _cuda_available():
-        skip = pytest.mark.skip(reason="needs a CUDA device: torch.cuda.is_available() is False")
-        for item in items:
-            if item.get_closest_marker("cuda"):
-                item.add_marker(skip)
+    skips = {
+        "cuda": None
+        if torch.cuda.is_available()
+        else "needs a CUDA device: torch.cuda.is_available() is False",
+        # On a CUDA build torch's stream and graph classes are C types the simulation cannot
+        # stand in for; those machines run the same scenarios as `cuda` tests instead.
+        "simulated": "needs a CPU-only torch build (this one has CUDA compiled in)"
+        if torch.backends.cuda.is_built()
+        else None,
+    }
+    for item in items:
+        for marker, reason in skips.items():
+            if reason is not None and item.get_closest_marker(marker):
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +64,12 @@ class Runtime:
         return torch.zeros(4, device=self.device)
 
 
-@pytest.fixture(params=["simulated", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.fixture(
+    params=[
+        pytest.param("simulated", marks=pytest.mark.simulated),
+        pytest.param("cuda", marks=pytest.mark.cuda),
+    ]
+)
 def runtime(request: pytest.FixtureRequest) -> Iterator[Runtime]:
     """Each end-to-end scenario runs on the simulated runtime here, and on CUDA where it exists."""
     if request.param == "cuda":

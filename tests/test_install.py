@@ -101,6 +101,7 @@ def test_uninstall_restores_attributes_exactly() -> None:
     assert not cgguard.is_installed()
 
 
+@pytest.mark.simulated
 @pytest.mark.parametrize(
     "order",
     [
@@ -129,6 +130,7 @@ def test_simulation_and_install_restore_in_any_order(order: str) -> None:
     assert entry_points() == before
 
 
+@pytest.mark.simulated
 def test_patches_go_on_the_real_class_under_simulation() -> None:
     """Installed while simulated, the real CUDAGraph is patched, not the stand-in."""
     with simulated_cuda():
@@ -161,6 +163,7 @@ def test_patch_failure_warns_and_leaves_torch_alone(
     )
 
 
+@pytest.mark.simulated
 def test_install_before_torch_patches_on_import() -> None:
     """install() before ``import torch`` does not import torch, and patches it once imported."""
     out = run_python(

@@ -24,6 +24,8 @@ from cgguard._simcuda import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
+pytestmark = pytest.mark.simulated
+
 REPO = Path(__file__).resolve().parent.parent
 PROHIBITED = "CUDA error: operation not permitted when stream is capturing [simulated CUDA]"
 FAILED = "CUDA error: operation failed due to a previous error during capture [simulated CUDA]"

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import hypothesis.strategies as st
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -19,6 +20,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import cgguard
 from cgguard import _state
 from cgguard.testing import capture_violations, simulated_cuda
+
+pytestmark = pytest.mark.simulated
 
 THREADS = 3
 # thread_local: one thread's synchronize (torch.cuda.graph.__enter__ makes one) must not

@@ -1,0 +1,103 @@
+"""``cgguard info``: versions, the configuration and where it comes from, and activation here."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import site
+import subprocess
+import sys
+from typing import TYPE_CHECKING
+
+from cgguard import _environ
+from cgguard._cli import BOOT_DIR, program_environ, run_parser
+from cgguard._config import Config
+from cgguard._version import __version__
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import TextIO
+
+# Run in a fresh child started the way the runner starts programs: is torch patched there?
+_CHILD_CHECK = (
+    "import torch, cgguard._state as s, cgguard._bootstrap as b; "
+    "print(len(s.patches), b.activated_by or 'nothing')"
+)
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _pth_files() -> list[str]:
+    folders = [*site.getsitepackages(), site.getusersitepackages()]
+    return [os.path.join(f, "cgguard.pth") for f in dict.fromkeys(folders)]
+
+
+def _configuration(environ: Mapping[str, str]) -> list[str]:
+    values, sources, problems = _environ.read(environ)
+    config = Config(**values)  # type: ignore[arg-type]  # _environ.read checked every value
+    enabled = environ.get(_environ.ENABLED, "")
+    lines = [f"  {'enabled':<14} {enabled or '(unset)':<12} ({_environ.ENABLED})"]
+    for field, (variable, _) in zip(
+        ("mode", "log_format", "log_file", "capture", "simulate_cuda"),
+        _environ.VARIABLES.items(),
+        strict=True,
+    ):
+        value = getattr(config, field)
+        source = variable if field in sources else "default"
+        if value is None:
+            value = {
+                "log_format": "json, or console when stderr is a terminal",
+                "log_file": "stderr",
+                "capture": "as it is (enabled at start)",
+            }[field]
+        lines.append(f"  {field:<14} {value!s:<12} ({source})")
+    lines += [f"  warning: {line}" for line in problems]
+    return lines
+
+
+def _child_check(environ: Mapping[str, str]) -> str:
+    if _version("torch") == "not installed":
+        return "torch is not installed in this environment: nothing to patch"
+    env = program_environ(run_parser().parse_args([]), environ)
+    try:
+        done = subprocess.run(  # noqa: S603 - this interpreter, with a fixed program
+            [sys.executable, "-c", _CHILD_CHECK],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"could not start a child to check: {exc}"
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"NOT patched: the child failed ({tail})"
+    count, origin = done.stdout.split()
+    if count == "0":
+        return f"NOT patched (activated by {origin}); see warnings the child printed: {done.stderr}"
+    return f"torch's {count} capture entry points patched (activated by {origin})"
+
+
+def report(environ: Mapping[str, str] = os.environ, out: TextIO | None = None) -> int:
+    """Print the report; returns the exit status (0)."""
+    lines = [f"cgguard {__version__}"]
+    lines.append(f"  {'python':<14} {platform.python_version()} ({sys.executable})")
+    for name in ("torch", "wrapt", "structlog"):
+        lines.append(f"  {name:<14} {_version(name)}")
+    lines += ["", "configuration (from the environment):", *_configuration(environ)]
+    lines += ["", "activation:"]
+    for pth in _pth_files():
+        state = "present" if os.path.isfile(pth) else "absent"
+        lines.append(f"  {'.pth':<14} {pth} ({state})")
+    state = "present" if os.path.isfile(os.path.join(BOOT_DIR, "sitecustomize.py")) else "MISSING"
+    lines.append(f"  {'bootstrap':<14} {BOOT_DIR} ({state})")
+    lines.append(f"  {'child':<14} {_child_check(environ)}")
+    (out or sys.stdout).write("\n".join(lines) + "\n")
+    return 0

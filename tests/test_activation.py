@@ -1,0 +1,227 @@
+"""Activation without code changes, in real subprocesses: the .pth and CGGUARD_ENABLED, the
+sitecustomize folder, the runner's children, and what each costs when idle."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import venv
+from pathlib import Path
+
+import pytest
+
+from cgguard._cli import BOOT_DIR
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = str(REPO / "sitecustomize_example")
+PATCHED = (
+    "import torch, cgguard._state as s, cgguard._bootstrap as b; "
+    "print(len(s.patches), b.activated_by)"
+)
+
+
+def clean_environ(**extra: str) -> dict[str, str]:
+    """This process's environment without any CGGUARD_* variable or PYTHONPATH, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CGGUARD_")}
+    env.pop("PYTHONPATH", None)
+    env.update(extra)
+    return env
+
+
+def run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=300)
+
+
+def python(
+    code: str, env: dict[str, str], exe: str = sys.executable
+) -> subprocess.CompletedProcess[str]:
+    return run([exe, "-c", textwrap.dedent(code)], env)
+
+
+def cgguard_run(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m cgguard run ARGS`` in an environment without cgguard's variables."""
+    return run([sys.executable, "-m", "cgguard", "run", *args], clean_environ())
+
+
+def test_enabled_variable_activates_through_the_pth() -> None:
+    """CGGUARD_ENABLED=1 alone patches torch when the program imports it, silently."""
+    done = python(PATCHED, clean_environ(CGGUARD_ENABLED="1"))
+    assert (done.returncode, done.stdout, done.stderr) == (0, "3 pth\n", "")
+
+
+@pytest.mark.parametrize("value", ["", "0", "off", "no"])
+def test_pth_line_is_inert_unless_enabled(value: str) -> None:
+    """Unset, empty or false, the .pth line imports nothing of cgguard, even with torch."""
+    env = clean_environ() if value == "" else clean_environ(CGGUARD_ENABLED=value)
+    done = python("import sys, torch; print('cgguard' in sys.modules)", env)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "False\n", "")
+
+
+def test_idle_activation_loads_only_the_standard_library() -> None:
+    """Activated, with torch never imported: no wrapt, structlog or torch, no typing."""
+    code = "import sys, json; print(json.dumps(sorted(sys.modules)))"
+    bare = json.loads(python(code, clean_environ()).stdout)
+    done = python(code, clean_environ(CGGUARD_ENABLED="1"))
+    added = sorted(set(json.loads(done.stdout)) - set(bare))
+    assert added == ["cgguard", "cgguard._bootstrap", "cgguard._importhook"]
+    assert done.stderr == ""
+
+
+def test_bad_values_warn_at_start_and_the_program_runs() -> None:
+    """A bad CGGUARD_* value is one stderr line at start, torch or not; defaults are used."""
+    env = clean_environ(CGGUARD_ENABLED="1", CGGUARD_MODE="rase", CGGUARD_CAPTURE="sometimes")
+    done = python("print('ran')", env)
+    assert (done.returncode, done.stdout) == (0, "ran\n")
+    assert done.stderr == (
+        "cgguard: ignoring CGGUARD_MODE='rase': accepted values are raise, log\n"
+        "cgguard: ignoring CGGUARD_CAPTURE='sometimes': accepted values are enabled, disabled\n"
+    )
+
+
+def test_bad_enabled_value_warns_and_stays_off() -> None:
+    """CGGUARD_ENABLED with an unknown spelling warns once and does not activate."""
+    done = python(PATCHED, clean_environ(CGGUARD_ENABLED="maybe", PYTHONPATH=EXAMPLE))
+    # The sitecustomize folder alone would activate; an unreadable switch leaves that default.
+    assert done.stdout == "3 sitecustomize\n"
+    assert done.stderr == (
+        "cgguard: ignoring CGGUARD_ENABLED='maybe': accepted values are "
+        "1/true/yes/on or 0/false/no/off\n"
+    )
+
+
+def test_patch_failure_leaves_torch_importable() -> None:
+    """If patching fails inside ``import torch``, torch imports, one line says so, all runs."""
+    code = """
+        import cgguard._patches
+        def broken():
+            raise RuntimeError("injected")
+        cgguard._patches.patch_torch = broken
+        import torch
+        print(torch.cuda.graphs.graph.__enter__.__name__)
+        """
+    done = python(code, clean_environ(CGGUARD_ENABLED="1"))
+    assert (done.returncode, done.stdout) == (0, "__enter__\n")
+    assert done.stderr == (
+        "cgguard: could not patch torch, captures are not guarded: RuntimeError('injected')\n"
+    )
+
+
+def test_sitecustomize_folder_activates_by_itself() -> None:
+    """sitecustomize_example on PYTHONPATH is the opt-in: no variable needed."""
+    done = python(PATCHED, clean_environ(PYTHONPATH=EXAMPLE))
+    assert (done.returncode, done.stdout, done.stderr) == (0, "3 sitecustomize\n", "")
+
+
+def test_sitecustomize_folder_respects_enabled_zero() -> None:
+    """CGGUARD_ENABLED=0 turns the sitecustomize folder off."""
+    done = python(PATCHED, clean_environ(PYTHONPATH=EXAMPLE, CGGUARD_ENABLED="0"))
+    assert (done.returncode, done.stdout, done.stderr) == (0, "0 None\n", "")
+
+
+def test_users_own_sitecustomize_still_runs(tmp_path: Path) -> None:
+    """The bootstrap sitecustomize runs the user's, found next on sys.path, once."""
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text("import builtins\nbuiltins.OWN_SITE = __file__\n")
+    env = clean_environ(PYTHONPATH=os.pathsep.join([EXAMPLE, str(own)]))
+    done = python(PATCHED + "; import builtins; print(builtins.OWN_SITE)", env)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == f"3 sitecustomize\n{own / 'sitecustomize.py'}\n"
+
+
+def test_example_is_the_runners_bootstrap() -> None:
+    """sitecustomize_example ships the very file the runner puts on PYTHONPATH."""
+    ours = Path(BOOT_DIR, "sitecustomize.py").read_text()
+    assert Path(EXAMPLE, "sitecustomize.py").read_text() == ours
+
+
+def test_three_activations_patch_once() -> None:
+    """The .pth, the sitecustomize folder and an explicit install() leave one wrapper each."""
+    code = """
+        import cgguard, torch, wrapt, inspect
+        cgguard.install()
+        import cgguard._state as s, cgguard._bootstrap as b
+        enter = vars(torch.cuda.graphs.graph)["__enter__"]
+        print(len(s.patches), b.activated_by, inspect.isfunction(enter.__wrapped__))
+        """
+    done = python(code, clean_environ(CGGUARD_ENABLED="1", PYTHONPATH=EXAMPLE))
+    assert (done.returncode, done.stdout, done.stderr) == (0, "3 pth True\n", "")
+
+
+CHILDREN = """
+    import multiprocessing, subprocess, sys
+
+    def patched(_=None):
+        import torch, cgguard._state as s
+        return len(s.patches)
+
+    if __name__ == "__main__":
+        child = subprocess.run(
+            [sys.executable, "-c", "import torch, cgguard._state as s; print(len(s.patches))"],
+            capture_output=True, text=True, check=True,
+        )
+        print("subprocess", child.stdout.strip())
+        for method in ("spawn", "forkserver"):
+            with multiprocessing.get_context(method).Pool(1) as pool:
+                print(method, pool.map(patched, [0])[0])
+    """
+
+
+def test_children_inherit_activation(tmp_path: Path) -> None:
+    """Under the runner, subprocess, spawn and forkserver children are patched too."""
+    script = tmp_path / "children.py"
+    script.write_text(textwrap.dedent(CHILDREN))
+    done = cgguard_run(str(script))
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == "subprocess 3\nspawn 3\nforkserver 3\n"
+
+
+def test_other_python_without_cgguard_starts_silently(tmp_path: Path) -> None:
+    """A Python without cgguard, given the runner's environment, starts normally and quietly."""
+    venv.create(tmp_path / "other", with_pip=False)
+    other = str(tmp_path / "other" / "bin" / "python")
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text("print('own sitecustomize')\n")
+    env = clean_environ(CGGUARD_ENABLED="1", PYTHONPATH=os.pathsep.join([BOOT_DIR, str(own)]))
+    done = python("import sys; print('cgguard' in sys.modules)", env, exe=other)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "own sitecustomize\nFalse\n", "")
+
+
+@pytest.mark.simulated
+def test_runner_configuration_reaches_the_program(tmp_path: Path) -> None:
+    """--simulate-cuda --capture disabled: a capture is refused, reported as JSON to the file."""
+    script = tmp_path / "capture.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import torch
+            try:
+                with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                    pass
+            except RuntimeError as exc:
+                print(type(exc).__name__)
+            """
+        )
+    )
+    log = tmp_path / "events.jsonl"
+    done = cgguard_run(
+        "--simulate-cuda", "--capture", "disabled", "--log-file", str(log), str(script)
+    )
+    assert (done.returncode, done.stdout) == (0, "CaptureDisabledError\n")
+    assert done.stderr == (
+        "cgguard: CGGUARD_SIMULATE_CUDA: torch.cuda runs on cgguard's simulated CUDA runtime "
+        "(no GPU work; results are not GPU results)\n"
+    )
+    (event,) = [json.loads(line) for line in log.read_text().splitlines()]
+    assert (event["rule"], event["action"], event["disabled_stack"]) == (
+        "capture_disabled",
+        "raised",
+        None,
+    )
+    code = "with torch.cuda.graph(torch.cuda.CUDAGraph()):"  # line 4: the text starts with \n
+    frame = {"file": str(script), "line": 4, "function": "<module>", "code": code}
+    assert event["stack"] == [frame]
