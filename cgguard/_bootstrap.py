@@ -89,11 +89,16 @@ def _on_torch_import(_: "ModuleType") -> None:
 
 
 def _start_simulation() -> object:
+    import atexit
+
     from cgguard._warn import warn_once
     from cgguard.testing import simulated_cuda
 
     runtime = simulated_cuda()
-    runtime.__enter__()  # for the rest of the process: there is no later point to restore torch
+    runtime.__enter__()
+    # Left at exit while the interpreter is still whole; a generator closed by the garbage
+    # collector at shutdown would run its clean-up with its module's globals already gone.
+    atexit.register(runtime.__exit__, None, None, None)
     warn_once(
         "simulation",
         "CGGUARD_SIMULATE_CUDA: torch.cuda runs on cgguard's simulated CUDA runtime "

@@ -97,9 +97,9 @@ def _program(command: list[str]) -> tuple[str, list[str]] | str:
             return "-m needs a module name"
         return sys.executable, [*python, "-m", module, *rest]
     target, rest = command[0], command[1:]
-    if os.path.exists(target):
+    if target == "-" or os.path.exists(target):
         # As python would: an existing path (a script, or a folder or zip with __main__.py)
-        # runs with this interpreter, whatever a shebang says.
+        # runs with this interpreter, whatever a shebang says; "-" reads the program from stdin.
         return sys.executable, [*python, target, *rest]
     found = shutil.which(target)
     if found is None:
@@ -117,9 +117,11 @@ def program_environ(options: argparse.Namespace, environ: Mapping[str, str]) -> 
             env[variable] = value
     if options.simulate_cuda:
         env["CGGUARD_SIMULATE_CUDA"] = "1"
-    # Absolute, first, and never followed by an empty entry: "boot:" would put the current
-    # directory on every child's sys.path.
-    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOT_DIR]
+    # Absolute and first. The user's own entries stay as they were, empty ones included, but an
+    # unset or empty PYTHONPATH gets no separator: "boot:" would put the current directory on
+    # every child's sys.path.
+    old = env.get("PYTHONPATH", "")
+    kept = [p for p in old.split(os.pathsep) if p != BOOT_DIR] if old else []
     env["PYTHONPATH"] = os.pathsep.join([BOOT_DIR, *kept])
     return env
 

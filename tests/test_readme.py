@@ -58,6 +58,7 @@ def test_demo_command_shows_both_violations_with_file_and_line() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
+    assert "Exception ignored" not in done.stderr
     assert done.stdout == (
         "start-up capture: refused (NestedCaptureError)\nserving: refused (CaptureDisabledError)\n"
     )

@@ -1,0 +1,781 @@
+"""cgguard run and cgguard info: the runner execs the program exactly as plain python runs it.
+
+Every program here runs in a real subprocess and is compared whole (exit status, stdout, stderr)
+with the same program run by plain ``python``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import io
+import json
+import os
+import platform
+import shutil
+import signal
+import site
+import subprocess
+import sys
+import textwrap
+from typing import TYPE_CHECKING, NamedTuple
+
+import pytest
+
+import cgguard
+from cgguard._cli import BOOT_DIR
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from pathlib import Path
+
+# (returncode, stdout, stderr) of a finished process.
+Result = tuple[int, bytes, bytes]
+
+RUNNER = ("-m", "cgguard", "run")
+USAGE = "usage: cgguard run [options] (script.py | -m module | command) [args ...]\n"
+# Every runner option, each set away from its default.
+RUNNER_OPTIONS = (
+    "--mode",
+    "log",
+    "--log-format",
+    "json",
+    "--log-file",
+    "cgg.log",
+    "--capture",
+    "disabled",
+    "--simulate-cuda",
+)
+NOT_FOUND = "cgguard run: cannot run {!r}: no such file, and no command of that name on PATH\n"
+
+
+def clean_environ(**changes: str) -> dict[str, str]:
+    """This process's environment without CGGUARD_* and PYTHON* variables, plus ``changes``.
+
+    PYTHON* goes too (PYTHONPATH above all), so that no setting of the caller's (such as
+    PYTHONSAFEPATH or PYTHONDONTWRITEBYTECODE) changes what the programs here see.
+    """
+    kept = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("CGGUARD_", "PYTHON"))
+    }
+    return {**kept, **changes}
+
+
+def command(argv: Sequence[str], cwd: Path, env: Mapping[str, str], stdin: bytes = b"") -> Result:
+    """Run ``argv`` in ``cwd`` with exactly ``env`` and ``stdin`` piped in."""
+    done = subprocess.run(
+        list(argv),
+        cwd=cwd,
+        env=dict(env),
+        input=stdin,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def python(args: Sequence[str], cwd: Path, env: Mapping[str, str], stdin: bytes = b"") -> Result:
+    """Run ``python *args`` (this interpreter) in ``cwd`` with exactly ``env``."""
+    return command([sys.executable, *args], cwd, env, stdin)
+
+
+def run_both(
+    cwd: Path,
+    program: Sequence[str],
+    *,
+    options: Sequence[str] = (),
+    flags: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    stdin: bytes = b"",
+) -> Result:
+    """Run ``program`` plainly and under ``cgguard run *options``; assert equal results, return it.
+
+    ``flags`` go to the interpreter in both runs: before the script, and before ``-m cgguard``.
+    """
+    environ = clean_environ() if env is None else env
+    plain = python([*flags, *program], cwd, environ, stdin)
+    runner = python([*flags, *RUNNER, *options, *program], cwd, environ, stdin)
+    assert plain == runner
+    return plain
+
+
+def loads(data: bytes) -> object:
+    """``data`` decoded from JSON, or ``data`` itself when it is not JSON (shown in the diff)."""
+    try:
+        return json.loads(data)
+    except ValueError:
+        return data
+
+
+def decoded(result: Result) -> tuple[int, object, bytes]:
+    """``result`` with its stdout decoded from JSON where it is JSON."""
+    returncode, out, err = result
+    return returncode, loads(out), err
+
+
+def write(path: Path, source: str) -> Path:
+    """Write ``source`` (dedented) to ``path``, creating its folder; return the path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def invalid_choice(prog: str, option: str, choices: tuple[str, ...], value: str) -> bytes:
+    """The error line argparse itself prints for ``value`` outside ``choices``.
+
+    Computed rather than written out: argparse's wording of it changes between Python versions.
+    """
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument(option, choices=choices)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.suppress(SystemExit):
+        parser.parse_args([option, value] if option.startswith("-") else [value])
+    return (err.getvalue().splitlines()[-1] + "\n").encode()
+
+
+def activated_by() -> str:
+    """What activates a runner's child first: the installed .pth, else the bootstrap folder."""
+    pth = [os.path.join(folder, "cgguard.pth") for folder in site.getsitepackages()]
+    return "pth" if any(os.path.isfile(p) for p in pth) else "sitecustomize"
+
+
+# Prints how the program was started, as one JSON line; the scenario's ending follows it.
+PROBE = """\
+import json, os, sys
+started = {
+    "argv": sys.argv,
+    "name": __name__,
+    "file": __file__,
+    "spec": __spec__ and __spec__.name,
+    "path0": sys.path[0],
+    "orig_argv": sys.orig_argv,
+    "executable": sys.executable,
+}
+print(json.dumps(started), flush=True)
+"""
+
+
+def write_probes(tmp_path: Path, ending: str = "") -> None:
+    """The probe as a script, a script in sub/, a module, a package and a runnable folder."""
+    source = PROBE + ending
+    write(tmp_path / "cgg_probe.py", source)
+    write(tmp_path / "sub" / "cgg_probe_sub.py", source)
+    write(tmp_path / "cgg_probe_mod.py", source)
+    write(tmp_path / "cgg_probe_pkg" / "__init__.py", "")
+    write(tmp_path / "cgg_probe_pkg" / "__main__.py", source)
+    write(tmp_path / "cgg_probe_pkg" / "cli.py", source)
+    write(tmp_path / "cgg_probe_dir" / "__main__.py", source)
+
+
+class Start(NamedTuple):
+    """A way to start the probe, and what it sees; "{tmp}" stands for the folder it runs in."""
+
+    options: tuple[str, ...]  # the runner's, before the program
+    program: tuple[str, ...]  # what follows ``python``
+    argv: tuple[str, ...]  # sys.argv
+    spec: str | None  # __spec__.name
+    file: str  # __file__
+    path0: str  # sys.path[0]
+
+    def at(self, tmp_path: Path) -> Start:
+        """This start with "{tmp}" replaced by ``tmp_path``."""
+
+        def at(value: str) -> str:
+            return value.replace("{tmp}", str(tmp_path))
+
+        return self._replace(
+            program=tuple(map(at, self.program)),
+            argv=tuple(map(at, self.argv)),
+            file=at(self.file),
+            path0=at(self.path0),
+        )
+
+    def probe_line(self) -> dict[str, object]:
+        """What the probe prints for this start (once resolved with at())."""
+        return {
+            "argv": list(self.argv),
+            "name": "__main__",
+            "file": self.file,
+            "spec": self.spec,
+            "path0": self.path0,
+            "orig_argv": [sys.executable, *self.program],
+            "executable": sys.executable,
+        }
+
+
+SCRIPT = Start(
+    (), ("cgg_probe.py", "a"), ("cgg_probe.py", "a"), None, "{tmp}/cgg_probe.py", "{tmp}"
+)
+MODULE = Start(
+    (),
+    ("-m", "cgg_probe_mod", "a"),
+    ("{tmp}/cgg_probe_mod.py", "a"),
+    "cgg_probe_mod",
+    "{tmp}/cgg_probe_mod.py",
+    "{tmp}",
+)
+OPTION_LIKE = ("--mode", "log", "-m", "x", "--", "--simulate-cuda", "--bogus")
+
+STARTS = {
+    "relative path": SCRIPT,
+    "relative path in a subfolder": Start(
+        (),
+        ("sub/cgg_probe_sub.py",),
+        ("sub/cgg_probe_sub.py",),
+        None,
+        "{tmp}/sub/cgg_probe_sub.py",
+        "{tmp}/sub",
+    ),
+    "absolute path": SCRIPT._replace(
+        program=("{tmp}/cgg_probe.py", "a"), argv=("{tmp}/cgg_probe.py", "a")
+    ),
+    "arguments that look like runner options": SCRIPT._replace(
+        program=("cgg_probe.py", *OPTION_LIKE), argv=("cgg_probe.py", *OPTION_LIKE)
+    ),
+    "runner options before the script": SCRIPT._replace(
+        options=(*RUNNER_OPTIONS[:2], "--log-format", "console", *RUNNER_OPTIONS[4:])
+    ),
+    "-- ends the runner options": SCRIPT._replace(
+        options=("--mode", "log", "--"),
+        program=("cgg_probe.py", "--mode"),
+        argv=("cgg_probe.py", "--mode"),
+    ),
+    "-m module": MODULE,
+    "-m module with arguments that look like runner options": MODULE._replace(
+        program=("-m", "cgg_probe_mod", *OPTION_LIKE),
+        argv=("{tmp}/cgg_probe_mod.py", *OPTION_LIKE),
+    ),
+    "-m module after runner options": MODULE._replace(options=("--log-file", "cgg.log")),
+    "-m package with __main__.py": Start(
+        (),
+        ("-m", "cgg_probe_pkg", "y"),
+        ("{tmp}/cgg_probe_pkg/__main__.py", "y"),
+        "cgg_probe_pkg.__main__",
+        "{tmp}/cgg_probe_pkg/__main__.py",
+        "{tmp}",
+    ),
+    "-m submodule of a package": Start(
+        (),
+        ("-m", "cgg_probe_pkg.cli"),
+        ("{tmp}/cgg_probe_pkg/cli.py",),
+        "cgg_probe_pkg.cli",
+        "{tmp}/cgg_probe_pkg/cli.py",
+        "{tmp}",
+    ),
+    "folder with __main__.py": Start(
+        (),
+        ("cgg_probe_dir", "z"),
+        ("cgg_probe_dir", "z"),
+        "__main__",
+        "{tmp}/cgg_probe_dir/__main__.py",
+        "{tmp}/cgg_probe_dir",
+    ),
+}
+
+
+@pytest.mark.parametrize("start", [pytest.param(s, id=name) for name, s in STARTS.items()])
+def test_program_starts_as_under_plain_python(tmp_path: Path, start: Start) -> None:
+    """argv, __name__, __file__, __spec__, sys.path[0] and orig_argv are plain python's."""
+    write_probes(tmp_path)
+    start = start.at(tmp_path)
+    returncode, out, err = run_both(tmp_path, start.program, options=start.options)
+    expected = (0, start.probe_line(), b"")
+    assert expected == decoded((returncode, out, err))
+
+
+class Ending(NamedTuple):
+    """How the probe ends, and what its caller sees of that."""
+
+    source: str
+    status: int
+    stderr: bytes
+
+
+ENDINGS = {
+    "falls off the end": Ending("", 0, b""),
+    "sys.exit(0)": Ending("sys.exit(0)\n", 0, b""),
+    "sys.exit(3)": Ending("sys.exit(3)\n", 3, b""),
+    "sys.exit(255)": Ending("sys.exit(255)\n", 255, b""),
+    "sys.exit(message)": Ending("sys.exit('cgg probe gave up')\n", 1, b"cgg probe gave up\n"),
+    "killed by SIGTERM": Ending(
+        "import signal\nos.kill(os.getpid(), signal.SIGTERM)\n", -signal.SIGTERM, b""
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "start", [pytest.param(SCRIPT, id="script"), pytest.param(MODULE, id="module")]
+)
+@pytest.mark.parametrize("ending", [pytest.param(e, id=name) for name, e in ENDINGS.items()])
+def test_exit_status_as_under_plain_python(tmp_path: Path, start: Start, ending: Ending) -> None:
+    """sys.exit codes, sys.exit(message) and death by signal reach the caller as from python."""
+    write_probes(tmp_path, ending.source)
+    start = start.at(tmp_path)
+    returncode, out, err = run_both(tmp_path, start.program)
+    expected = (ending.status, start.probe_line(), ending.stderr)
+    assert expected == decoded((returncode, out, err))
+
+
+FAILING = """\
+def inner():
+    raise ValueError("cgg probe failed")
+
+
+def outer():
+    inner()
+
+
+outer()
+"""
+
+
+def test_traceback_is_plain_pythons(tmp_path: Path) -> None:
+    """An uncaught exception in a script: status 1 and plain python's whole traceback."""
+    write(tmp_path / "cgg_fail.py", FAILING)
+    file = tmp_path / "cgg_fail.py"
+    traceback = (
+        "Traceback (most recent call last):\n"
+        f'  File "{file}", line 9, in <module>\n'
+        "    outer()\n"
+        f'  File "{file}", line 6, in outer\n'
+        "    inner()\n"
+        f'  File "{file}", line 2, in inner\n'
+        '    raise ValueError("cgg probe failed")\n'
+        "ValueError: cgg probe failed\n"
+    )
+    expected = (1, b"", traceback.encode())
+    assert expected == run_both(tmp_path, ["cgg_fail.py", "a"])
+
+
+def test_traceback_of_a_module_is_plain_pythons(tmp_path: Path) -> None:
+    """An uncaught exception in ``-m module``: status 1, runpy's frames, the module's, no more."""
+    write(tmp_path / "cgg_fail.py", FAILING)
+    returncode, out, err = run_both(tmp_path, ["-m", "cgg_fail", "a"])
+    file = str(tmp_path / "cgg_fail.py")
+    lines = err.decode().splitlines()
+    # runpy's file is "<frozen runpy>" or a path, by Python version.
+    files = [line.split('"')[1] for line in lines if line.startswith("  File ")]
+    shown = ["runpy" if "runpy" in f else f for f in files]
+    expected = (1, b"", ["runpy", "runpy", file, file, file], "ValueError: cgg probe failed")
+    assert expected == (returncode, out, shown, lines[-1])
+
+
+ENV_PROBE = """\
+import json, os, sys
+print(json.dumps({"environ": dict(os.environ), "path": sys.path}))
+"""
+
+
+def environ_and_path(result: Result) -> tuple[dict[str, str], list[str]]:
+    """The environment and sys.path that ENV_PROBE printed; asserts it ran cleanly."""
+    returncode, out, err = result
+    clean = (0, b"")
+    assert clean == (returncode, err)
+    seen = json.loads(out)
+    return seen["environ"], seen["path"]
+
+
+@pytest.mark.parametrize(
+    ("old", "expected"),
+    [
+        pytest.param(None, BOOT_DIR, id="unset"),
+        pytest.param("", BOOT_DIR, id="empty"),
+        pytest.param(
+            f"/cgg/none/a{os.pathsep}/cgg/none/b",
+            f"{BOOT_DIR}{os.pathsep}/cgg/none/a{os.pathsep}/cgg/none/b",
+            id="set",
+        ),
+        pytest.param(
+            f"{os.pathsep}/cgg/none/a",
+            f"{BOOT_DIR}{os.pathsep}{os.pathsep}/cgg/none/a",
+            id="set with an empty entry",
+        ),
+    ],
+)
+def test_environment_of_the_program(tmp_path: Path, old: str | None, expected: str) -> None:
+    """Options override CGGUARD_*, others pass, ENABLED=1, bootstrap first on PYTHONPATH."""
+    write(tmp_path / "sub" / "cgg_env.py", ENV_PROBE)
+    env = clean_environ(CGGUARD_MODE="raise", CGGUARD_OTHER="x")
+    if old is not None:
+        env["PYTHONPATH"] = old
+    plain_environ, plain_path = environ_and_path(python(["sub/cgg_env.py"], tmp_path, env))
+    runner_environ, runner_path = environ_and_path(
+        python([*RUNNER, *RUNNER_OPTIONS, "sub/cgg_env.py"], tmp_path, env)
+    )
+    assert {
+        **plain_environ,
+        "CGGUARD_MODE": "log",
+        "CGGUARD_LOG_FORMAT": "json",
+        "CGGUARD_LOG_FILE": "cgg.log",
+        "CGGUARD_CAPTURE": "disabled",
+        "CGGUARD_SIMULATE_CUDA": "1",
+        "CGGUARD_ENABLED": "1",
+        "CGGUARD_OTHER": "x",
+        "PYTHONPATH": expected,
+    } == runner_environ
+    # Only the bootstrap folder is added: no '' and no current directory beyond plain python's.
+    assert [plain_path[0], BOOT_DIR, *plain_path[1:]] == runner_path
+    assert os.path.isabs(BOOT_DIR)
+
+
+def test_runner_inside_runner_adds_the_bootstrap_once(tmp_path: Path) -> None:
+    """A program that runs ``cgguard run`` again gets the same environment as one runner gives."""
+    write(tmp_path / "cgg_env.py", ENV_PROBE)
+    env = clean_environ()
+    once = python([*RUNNER, "cgg_env.py"], tmp_path, env)
+    twice = python([*RUNNER, *RUNNER, "cgg_env.py"], tmp_path, env)
+    assert once == twice
+    assert environ_and_path(once)[0]["PYTHONPATH"] == BOOT_DIR
+
+
+POOL = """\
+import multiprocessing
+
+
+def square(n):
+    return n * n
+
+
+if __name__ == "__main__":
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        print(pool.map(square, range(8)))
+"""
+
+
+@pytest.mark.parametrize(
+    "program",
+    [pytest.param(("cgg_pool.py",), id="script"), pytest.param(("-m", "cgg_pool"), id="module")],
+)
+def test_spawn_pool_over_a_function_in_main(tmp_path: Path, program: tuple[str, ...]) -> None:
+    """A spawn Pool mapping a function defined in __main__ works as under plain python."""
+    write(tmp_path / "cgg_pool.py", POOL)
+    expected = (0, b"[0, 1, 4, 9, 16, 25, 36, 49]\n", b"")
+    assert expected == run_both(tmp_path, program)
+
+
+def test_program_read_from_stdin(tmp_path: Path) -> None:
+    """``cgguard run - a`` runs the program piped into stdin, as ``python - a`` does."""
+    source = b"import sys\nprint(sys.argv, __name__)\n"
+    expected = (0, b"['-', 'a'] __main__\n", b"")
+    assert expected == run_both(tmp_path, ["-", "a"], stdin=source)
+
+
+def test_stdin_reaches_stdout_byte_for_byte(tmp_path: Path) -> None:
+    """Bytes piped into the program come out of its stdout unchanged; the runner adds none."""
+    write(tmp_path / "cgg_cat.py", "import sys\nsys.stdout.buffer.write(sys.stdin.buffer.read())\n")
+    data = bytes(range(256)) * 64 + b"\r\n\x00no newline at the end"
+    expected = (0, data, b"")
+    assert expected == run_both(tmp_path, ["cgg_cat.py"], stdin=data)
+
+
+FLAGS_PROBE = """\
+import json, sys
+names = ("dev_mode", "optimize", "isolated", "ignore_environment", "no_user_site",
+         "dont_write_bytecode")
+flags = {name: getattr(sys.flags, name) for name in names}
+print(json.dumps([flags, sys.warnoptions, sys.orig_argv, sys.argv]))
+"""
+
+NO_FLAGS = {
+    "dev_mode": False,
+    "optimize": 0,
+    "isolated": 0,
+    "ignore_environment": 0,
+    "no_user_site": 0,
+    "dont_write_bytecode": 0,
+}
+DEV = {**NO_FLAGS, "dev_mode": True}
+
+
+@pytest.mark.parametrize(
+    ("flags", "sys_flags", "warnoptions"),
+    [
+        pytest.param(("-X", "dev", "-W", "error"), DEV, ["default", "error"], id="-X dev -W error"),
+        pytest.param(("-Xdev", "-Werror"), DEV, ["default", "error"], id="-Xdev -Werror"),
+        pytest.param(
+            ("-O", "-u", "-B"),
+            {**NO_FLAGS, "optimize": 1, "dont_write_bytecode": 1},
+            [],
+            id="-O -u -B",
+        ),
+        pytest.param(
+            ("-I",),
+            {**NO_FLAGS, "isolated": 1, "ignore_environment": 1, "no_user_site": 1},
+            [],
+            id="-I",
+        ),
+    ],
+)
+def test_interpreter_flags_carry_to_the_program(
+    tmp_path: Path, flags: tuple[str, ...], sys_flags: dict[str, object], warnoptions: list[str]
+) -> None:
+    """``python FLAGS -m cgguard run x.py`` starts x.py with FLAGS, as ``python FLAGS x.py``."""
+    write(tmp_path / "cgg_flags.py", FLAGS_PROBE)
+    returncode, out, err = run_both(tmp_path, ["cgg_flags.py", "a"], flags=flags)
+    seen = [
+        sys_flags,
+        warnoptions,
+        [sys.executable, *flags, "cgg_flags.py", "a"],
+        ["cgg_flags.py", "a"],
+    ]
+    expected = (0, seen, b"")
+    assert expected == decoded((returncode, out, err))
+
+
+def test_console_script(tmp_path: Path) -> None:
+    """The installed ``cgguard run script.py`` starts the script as plain python does."""
+    console = shutil.which("cgguard", path=os.path.dirname(sys.executable))
+    if console is None:
+        pytest.skip(f"no cgguard console script next to {sys.executable}")
+    # The program runs on the script's interpreter (its #! line), which may be spelt python3.
+    with open(console, "rb") as script:
+        interpreter = script.readline().removeprefix(b"#!").strip().decode()
+    if not os.path.isfile(interpreter) or not os.path.samefile(interpreter, sys.executable):
+        pytest.skip(f"{console} does not start {sys.executable} by its #! line")
+    write_probes(tmp_path)
+    program = ("cgg_probe.py", "--mode", "log")
+    env = clean_environ()
+    plain = command([interpreter, *program], tmp_path, env)
+    assert plain == command([console, "run", *program], tmp_path, env)
+    start = SCRIPT._replace(program=program, argv=program).at(tmp_path)
+    line = {**start.probe_line(), "executable": interpreter, "orig_argv": [interpreter, *program]}
+    expected = (0, line, b"")
+    assert expected == decoded(plain)
+
+
+SHELL_COMMAND = """\
+#!/bin/sh
+echo "$0 $@"
+echo "enabled=$CGGUARD_ENABLED"
+"""
+
+
+def path_with(folder: Path) -> dict[str, str]:
+    """The clean environment with ``folder`` first on PATH."""
+    return clean_environ(PATH=f"{folder}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
+def test_command_on_path(tmp_path: Path) -> None:
+    """``cgguard run NAME args`` runs the command NAME found on PATH, with CGGUARD_ENABLED=1."""
+    bin_dir = tmp_path / "bin"
+    script = write(bin_dir / "cgg-probe-cmd", SHELL_COMMAND)
+    script.chmod(0o755)
+    env = path_with(bin_dir)
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    plain = command(["cgg-probe-cmd", "a", "--mode", "b"], cwd, env)
+    runner = python([*RUNNER, "cgg-probe-cmd", "a", "--mode", "b"], cwd, env)
+    # The kernel hands a #! script the path it was found at as $0, under plain exec too.
+    expected = (
+        (0, f"{script} a --mode b\nenabled=\n".encode(), b""),
+        (0, f"{script} a --mode b\nenabled=1\n".encode(), b""),
+    )
+    assert expected == (plain, runner)
+
+
+def test_command_on_path_gets_its_name_as_argv0(tmp_path: Path) -> None:
+    """The command's argv[0] is the name given to the runner, not the path found on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "cgg-probe-python").symlink_to(os.path.realpath(sys.executable))
+    code = "import json, os, sys; print(json.dumps([sys.orig_argv, os.environ['CGGUARD_ENABLED']]))"
+    result = python([*RUNNER, "cgg-probe-python", "-c", code, "x"], tmp_path, path_with(bin_dir))
+    expected = (0, [["cgg-probe-python", "-c", code, "x"], "1"], b"")
+    assert expected == decoded(result)
+
+
+def test_existing_file_wins_over_a_command_on_path(tmp_path: Path) -> None:
+    """``run NAME`` runs a file NAME in the current directory with python, as python would."""
+    bin_dir = tmp_path / "bin"
+    write(bin_dir / "cgg-probe-cmd", SHELL_COMMAND).chmod(0o755)
+    write(tmp_path / "cgg-probe-cmd", "import sys\nprint('python ran', sys.argv)\n")
+    result = run_both(tmp_path, ["cgg-probe-cmd", "a"], env=path_with(bin_dir))
+    expected = (0, b"python ran ['cgg-probe-cmd', 'a']\n", b"")
+    assert expected == result
+
+
+MARKER = """\
+import pathlib
+pathlib.Path("cgg_ran").write_text("ran")
+print("ran")
+"""
+
+ERRORS = [
+    pytest.param(
+        ("run", "--bogus", "cgg_marker.py"),
+        USAGE.encode() + b"cgguard run: error: unrecognized arguments: --bogus\n",
+        id="unknown option",
+    ),
+    pytest.param(
+        ("run", "--mode", "rase", "cgg_marker.py"),
+        USAGE.encode() + invalid_choice("cgguard run", "--mode", ("raise", "log"), "rase"),
+        id="invalid --mode",
+    ),
+    pytest.param(
+        ("run", "--log-format", "xml", "cgg_marker.py"),
+        USAGE.encode() + invalid_choice("cgguard run", "--log-format", ("json", "console"), "xml"),
+        id="invalid --log-format",
+    ),
+    pytest.param(
+        ("run", "--log-file"),
+        USAGE.encode() + b"cgguard run: error: argument --log-file: expected one argument\n",
+        id="option without its value",
+    ),
+    pytest.param(("run", "nope.py"), NOT_FOUND.format("nope.py").encode(), id="missing script"),
+    pytest.param(
+        ("run", "--mode", "log", "cgg-no-such-command"),
+        NOT_FOUND.format("cgg-no-such-command").encode(),
+        id="missing command",
+    ),
+    pytest.param(
+        ("run",), USAGE.encode() + b"cgguard run: error: no program to run\n", id="nothing to run"
+    ),
+    pytest.param(
+        ("run", "--mode", "log"),
+        USAGE.encode() + b"cgguard run: error: no program to run\n",
+        id="options only",
+    ),
+    pytest.param(("run", "-m"), b"cgguard run: -m needs a module name\n", id="-m alone"),
+    pytest.param(
+        (),
+        b"usage: cgguard {run,info} ...\n"
+        b"cgguard: error: the following arguments are required: command\n",
+        id="no subcommand",
+    ),
+    pytest.param(
+        ("bogus",),
+        b"usage: cgguard {run,info} ...\n"
+        + invalid_choice("cgguard", "command", ("run", "info"), "bogus"),
+        id="unknown subcommand",
+    ),
+    pytest.param(
+        ("info", "--bogus"),
+        b"usage: cgguard info [-h]\ncgguard info: error: unrecognized arguments: --bogus\n",
+        id="info with an unknown option",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "stderr"), ERRORS)
+def test_usage_errors_exit_2_and_run_nothing(
+    tmp_path: Path, args: tuple[str, ...], stderr: bytes
+) -> None:
+    """A bad command line: status 2, the message on stderr, nothing on stdout, nothing run."""
+    write(tmp_path / "cgg_marker.py", MARKER)
+    expected = ((2, b"", stderr), ["cgg_marker.py"])
+    result = python(["-m", "cgguard", *args], tmp_path, clean_environ())
+    assert expected == (result, sorted(os.listdir(tmp_path)))
+
+
+def test_missing_module_fails_as_under_plain_python(tmp_path: Path) -> None:
+    """``run -m missing``: python itself reports it, status 1, exactly as ``python -m missing``."""
+    result = run_both(tmp_path, ["-m", "cgg_no_such_module"])
+    expected = (1, b"", f"{sys.executable}: No module named cgg_no_such_module\n".encode())
+    assert expected == result
+
+
+ACTIVATED = """\
+import dataclasses, json
+import torch
+import cgguard
+from cgguard import _state
+print(json.dumps({
+    "patches": len(_state.patches),
+    "installed": cgguard.is_installed(),
+    "config": dataclasses.asdict(_state.config),
+    "capture_enabled": cgguard.is_capture_enabled(),
+}), flush=True)
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    pass
+print("captured")
+"""
+
+SIMULATION_NOTICE = (
+    b"cgguard: CGGUARD_SIMULATE_CUDA: torch.cuda runs on cgguard's simulated CUDA runtime "
+    b"(no GPU work; results are not GPU results)\n"
+)
+
+
+@pytest.mark.simulated
+def test_program_importing_torch_is_guarded_as_configured(tmp_path: Path) -> None:
+    """Under the runner, importing torch patches it, and each runner option takes effect."""
+    script = write(tmp_path / "cgg_torch.py", ACTIVATED)
+    returncode, out, err = python(
+        [*RUNNER, *RUNNER_OPTIONS, "cgg_torch.py"], tmp_path, clean_environ()
+    )
+    state = {
+        "patches": 3,
+        "installed": True,
+        "config": {
+            "mode": "log",
+            "log_format": "json",
+            "log_file": "cgg.log",
+            "capture": "disabled",
+            "simulate_cuda": True,
+        },
+        "capture_enabled": False,
+    }
+    # --simulate-cuda: the capture runs on CPU; --capture disabled: it is a violation;
+    # --mode log: the program goes on; --log-file and --log-format json: one JSON line there.
+    expected = (0, [state, "captured"], SIMULATION_NOTICE)
+    lines = out.splitlines()
+    assert expected == (returncode, [loads(lines[0]), *(x.decode() for x in lines[1:])], err)
+    fields = ("event", "rule", "action", "api", "stack")
+    event = {
+        "event": "cgguard.capture_violation",
+        "rule": "capture_disabled",
+        "action": "logged",
+        "api": "torch.cuda.graph",
+        "stack": [
+            {
+                "file": str(script),
+                "line": ACTIVATED.splitlines().index("with torch.cuda.graph(graph):") + 1,
+                "function": "<module>",
+                "code": "with torch.cuda.graph(graph):",
+            }
+        ],
+    }
+    logged = [json.loads(line) for line in (tmp_path / "cgg.log").read_text().splitlines()]
+    assert [event] == [{field: e.get(field) for field in fields} for e in logged]
+
+
+def test_info_reports_versions_configuration_and_activation(tmp_path: Path) -> None:
+    """``cgguard info``: versions, each setting and its source, warnings, a patched child."""
+    env = clean_environ(CGGUARD_MODE="log", CGGUARD_CAPTURE="sometimes")
+    folders = dict.fromkeys([*site.getsitepackages(), site.getusersitepackages()])
+    pth_lines = []
+    for folder in folders:
+        pth = os.path.join(folder, "cgguard.pth")
+        pth_lines.append(
+            f"  .pth           {pth} ({'present' if os.path.isfile(pth) else 'absent'})"
+        )
+    version = importlib.metadata.version
+    lines = [
+        f"cgguard {cgguard.__version__}",
+        f"  python         {platform.python_version()} ({sys.executable})",
+        f"  torch          {version('torch')}",
+        f"  wrapt          {version('wrapt')}",
+        f"  structlog      {version('structlog')}",
+        "",
+        "configuration (from the environment):",
+        "  enabled        (unset)      (CGGUARD_ENABLED)",
+        "  mode           log          (CGGUARD_MODE)",
+        "  log_format     json, or console when stderr is a terminal (default)",
+        "  log_file       stderr       (default)",
+        "  capture        as it is (enabled at start) (default)",
+        "  simulate_cuda  False        (default)",
+        "  warning: ignoring CGGUARD_CAPTURE='sometimes': accepted values are enabled, disabled",
+        "",
+        "activation:",
+        *pth_lines,
+        f"  bootstrap      {BOOT_DIR} (present)",
+        f"  child          torch's 3 capture entry points patched (activated by {activated_by()})",
+    ]
+    returncode, out, err = python(["-m", "cgguard", "info"], tmp_path, env)
+    expected = (0, lines, b"")
+    assert expected == (returncode, out.decode().splitlines(), err)
