@@ -2,17 +2,23 @@
 
 The public API is re-exported here lazily: ``import cgguard`` loads nothing else until a name is
 used, so that activation in every process costs nothing until torch is imported.
+
+PYTEST_DONT_REWRITE: activation imports cgguard before pytest starts, so pytest, which rewrites
+its plugins' packages, would warn (an error under ``filterwarnings = error``) that it cannot.
 """
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from cgguard._bridge import follow_flag
     from cgguard._config import Config
     from cgguard._errors import (
         CaptureDisabledError,
         CaptureViolation,
         CgguardError,
+        ConcurrentCaptureError,
         ConfigError,
         NestedCaptureError,
+        SyncDuringCaptureError,
     )
     from cgguard._flag import (
         capture_disabled,
@@ -27,12 +33,15 @@ __all__ = [
     "CaptureDisabledError",
     "CaptureViolation",
     "CgguardError",
+    "ConcurrentCaptureError",
     "Config",
     "ConfigError",
     "NestedCaptureError",
+    "SyncDuringCaptureError",
     "__version__",
     "capture_disabled",
     "capture_enabled",
+    "follow_flag",
     "install",
     "is_capture_enabled",
     "is_installed",
@@ -45,8 +54,11 @@ _HOMES = {
     "CaptureDisabledError": "_errors",
     "CaptureViolation": "_errors",
     "CgguardError": "_errors",
+    "ConcurrentCaptureError": "_errors",
     "ConfigError": "_errors",
     "NestedCaptureError": "_errors",
+    "SyncDuringCaptureError": "_errors",
+    "follow_flag": "_bridge",
     "capture_disabled": "_flag",
     "capture_enabled": "_flag",
     "is_capture_enabled": "_flag",

@@ -25,6 +25,8 @@ _OPTIONS = {
     "--mode": ("CGGUARD_MODE", ("raise", "log")),
     "--log-format": ("CGGUARD_LOG_FORMAT", ("json", "console")),
     "--log-file": ("CGGUARD_LOG_FILE", None),
+    "--log-target": ("CGGUARD_LOG_TARGET", ("stderr", "file", "logging")),
+    "--report": ("CGGUARD_REPORT", None),
     "--capture": ("CGGUARD_CAPTURE", ("enabled", "disabled")),
 }
 _FLAGS = {"--simulate-cuda": ("CGGUARD_SIMULATE_CUDA", "1")}
@@ -48,14 +50,33 @@ def run_parser() -> argparse.ArgumentParser:
         "and in the processes it starts.",
     )
     for option, (variable, choices) in _OPTIONS.items():
-        metavar = "PATH" if choices is None else None
+        metavar = "PATH" if choices is None else None  # --log-file, --report
         parser.add_argument(option, choices=choices, metavar=metavar, help=f"sets {variable}")
+    parser.add_argument(
+        "--rule",
+        action="append",
+        type=_rule_setting,
+        default=[],
+        metavar="RULE=ACTION",
+        help=f"a rule's action (raise, log, off), repeatable; sets CGGUARD_RULE_<RULE>; "
+        f"rules: {', '.join(_environ.RULES)}",
+    )
     parser.add_argument(
         "--simulate-cuda",
         action="store_true",
         help="run torch.cuda on cgguard's simulated CUDA runtime (demos, CPU-only CI)",
     )
     return parser
+
+
+def _rule_setting(text: str) -> tuple[str, str]:
+    rule, _, action = text.partition("=")
+    if rule not in _environ.RULES or action not in _environ.ACTIONS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: accepted values are RULE=ACTION with RULE one of "
+            f"{', '.join(_environ.RULES)} and ACTION one of {', '.join(_environ.ACTIONS)}"
+        )
+    return rule, action
 
 
 def _split_run(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -73,7 +94,7 @@ def _split_run(argv: Sequence[str]) -> tuple[list[str], list[str]]:
             return list(argv[:i]), list(argv[i:])
         if not arg.startswith("-") or arg == "-":
             return list(argv[:i]), list(argv[i:])
-        i += 2 if arg in _OPTIONS else 1
+        i += 2 if arg in _OPTIONS or arg == "--rule" else 1
     return list(argv), []
 
 
@@ -115,6 +136,8 @@ def program_environ(options: argparse.Namespace, environ: Mapping[str, str]) -> 
         value = getattr(options, option.lstrip("-").replace("-", "_"))
         if value is not None:
             env[variable] = value
+    for rule, action in options.rule:
+        env[f"CGGUARD_RULE_{rule.upper()}"] = action
     if options.simulate_cuda:
         env["CGGUARD_SIMULATE_CUDA"] = "1"
     # Absolute and first. The user's own entries stay as they were, empty ones included, but an

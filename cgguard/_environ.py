@@ -13,13 +13,21 @@ BOOL = TRUE + FALSE
 ENABLED = "CGGUARD_ENABLED"
 
 # variable: (Config field, accepted values: BOOL for a boolean, None for free text)
-VARIABLES: dict[str, tuple[str, tuple[str, ...] | None]] = {
+VARIABLES: "dict[str, tuple[str, tuple[str, ...] | None]]" = {
     "CGGUARD_MODE": ("mode", ("raise", "log")),
     "CGGUARD_LOG_FORMAT": ("log_format", ("json", "console")),
     "CGGUARD_LOG_FILE": ("log_file", None),
+    "CGGUARD_LOG_TARGET": ("log_target", ("stderr", "file", "logging")),
+    "CGGUARD_REPORT": ("report", None),
     "CGGUARD_CAPTURE": ("capture", ("enabled", "disabled")),
     "CGGUARD_SIMULATE_CUDA": ("simulate_cuda", BOOL),
+    "CGGUARD_VLLM_BRIDGE": ("vllm_bridge", BOOL),
 }
+
+# The rules, each with its own variable CGGUARD_RULE_<NAME> = raise | log | off.
+RULES = ("capture_disabled", "nested_capture", "concurrent_capture", "sync_during_capture")
+ACTIONS = ("raise", "log", "off")
+RULE_VARIABLES = {f"CGGUARD_RULE_{rule.upper()}": rule for rule in RULES}
 
 
 def parse_bool(value: str) -> bool | None:
@@ -66,7 +74,35 @@ def read(environ: "Mapping[str, str]") -> tuple[dict[str, object], dict[str, str
             continue
         values[field] = value
         sources[field] = name
+    if values.get("log_target") == "file" and "log_file" not in values:
+        problems.append("ignoring CGGUARD_LOG_TARGET='file': CGGUARD_LOG_FILE is not set")
+        del values["log_target"], sources["log_target"]
+    rules = _read_rules(environ, sources, problems)
+    if rules:
+        values["rules"] = rules
     return values, sources, problems
+
+
+def _read_rules(
+    environ: "Mapping[str, str]", sources: "dict[str, str]", problems: "list[str]"
+) -> "dict[str, str]":
+    """The CGGUARD_RULE_<RULE> settings; adds to ``sources`` and ``problems`` as read() does."""
+    for name in environ:
+        if name.startswith("CGGUARD_RULE_") and name not in RULE_VARIABLES:
+            names = ", ".join(RULE_VARIABLES)
+            problems.append(f"ignoring {name}: no such rule; the rule variables are {names}")
+    rules: dict[str, str] = {}
+    for name, rule in RULE_VARIABLES.items():
+        raw = environ.get(name, "")
+        folded = raw.strip().lower()
+        if not folded:
+            continue
+        if folded not in ACTIONS:
+            problems.append(f"ignoring {name}={raw!r}: accepted values are {accepted(ACTIONS)}")
+            continue
+        rules[rule] = folded
+        sources[f"rules.{rule}"] = name
+    return rules
 
 
 def is_enabled(environ: "Mapping[str, str]") -> bool | None:

@@ -35,3 +35,15 @@ class NestedCaptureError(CaptureViolation):
     """A capture began on a thread that already had an active capture."""
 
     rule = "nested_capture"
+
+
+class ConcurrentCaptureError(CaptureViolation):
+    """A capture began while another thread was capturing, one of them in "global" mode."""
+
+    rule = "concurrent_capture"
+
+
+class SyncDuringCaptureError(CaptureViolation):
+    """A synchronize was called on a thread that is capturing."""
+
+    rule = "sync_during_capture"

@@ -26,8 +26,8 @@ def set_capture_enabled(enabled: bool) -> None:
 
 
 def is_capture_enabled() -> bool:
-    """Whether a CUDA-graph capture may begin now."""
-    return _state.capture_enabled
+    """Whether a CUDA-graph capture may begin now: cgguard's flag and every flag it follows."""
+    return _state.capture_enabled and all(source.enabled() for source in _state.flag_sources)
 
 
 class _FlagSetting:

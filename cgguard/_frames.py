@@ -94,3 +94,22 @@ def format_frames(frames: list[FrameInfo]) -> str:
         if f["code"]:
             lines.append(f"    {f['code']}")
     return "\n".join(lines)
+
+
+_visible: dict[CodeType, bool] = {}
+_prefixes: tuple[str, ...] = ()
+
+
+def innermost_visible(stack: Snapshot) -> tuple[CodeType | None, int]:
+    """(code, lasti) of the innermost frame that render() would keep; cheap enough for storms."""
+    global _prefixes
+    if len(_prefixes) < 3:  # until torch and wrapt are both imported, look again
+        _prefixes = _hidden_prefixes()
+    for i in range(0, len(stack), 2):
+        code = cast("CodeType", stack[i])
+        visible = _visible.get(code)
+        if visible is None:
+            visible = _visible[code] = not code.co_filename.startswith(_prefixes)
+        if visible:
+            return code, cast("int", stack[i + 1])
+    return None, -1

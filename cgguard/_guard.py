@@ -1,4 +1,4 @@
-"""The rules: whether a capture may begin, and what happens when one may not.
+"""The rules: whether a capture may begin, or a synchronize run, now; and what happens if not.
 
 Plain Python over plain values (the flag, the active captures, a thread id): no torch here, so
 every rule is testable without it. cgguard._patches calls in at torch's entry points.
@@ -12,20 +12,34 @@ import time
 from typing import TYPE_CHECKING
 
 from cgguard import _state
-from cgguard._errors import CaptureDisabledError, CaptureViolation, NestedCaptureError
-from cgguard._frames import render, where
+from cgguard._errors import (
+    CaptureDisabledError,
+    CaptureViolation,
+    ConcurrentCaptureError,
+    NestedCaptureError,
+    SyncDuringCaptureError,
+)
+from cgguard._flag import is_capture_enabled
+from cgguard._frames import innermost_visible, render, snapshot, where
+from cgguard._ledger import worth_logging
 from cgguard._warn import warn_once
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from cgguard._frames import FrameInfo, Snapshot
+    from cgguard._ledger import Site
 
 API_GRAPH = "torch.cuda.graph"
 API_CAPTURE_BEGIN = "CUDAGraph.capture_begin"
+API_SYNCHRONIZE = "torch.cuda.synchronize"
+API_STREAM_SYNCHRONIZE = "Stream.synchronize"
+API_EVENT_SYNCHRONIZE = "Event.synchronize"
 
 CAPTURE_DISABLED = "capture_disabled"
 NESTED_CAPTURE = "nested_capture"
+CONCURRENT_CAPTURE = "concurrent_capture"
+SYNC_DURING_CAPTURE = "sync_during_capture"
 
 # vLLM's own words for the same rule, so that searches for its error find this one too.
 DISABLED_SENTENCE = (
@@ -35,7 +49,19 @@ DISABLED_SENTENCE = (
 _ERRORS: dict[str, type[CaptureViolation]] = {
     CAPTURE_DISABLED: CaptureDisabledError,
     NESTED_CAPTURE: NestedCaptureError,
+    CONCURRENT_CAPTURE: ConcurrentCaptureError,
+    SYNC_DURING_CAPTURE: SyncDuringCaptureError,
 }
+
+# Where each rule's cause goes in the event.
+_CAUSE_KEYS = {
+    CAPTURE_DISABLED: "disabled_stack",
+    NESTED_CAPTURE: "outer_stack",
+    CONCURRENT_CAPTURE: "other_stack",
+    SYNC_DURING_CAPTURE: "capture_stack",
+}
+
+_RANK_VARIABLES = (("RANK", "rank"), ("LOCAL_RANK", "local_rank"), ("WORLD_SIZE", "world_size"))
 
 
 class CaptureRecord:
@@ -59,22 +85,38 @@ class CaptureRecord:
         self.mode = mode  # capture_error_mode: "global", "thread_local" or "relaxed"
         self.stack = stack
         # True from torch.cuda.graph.__enter__'s check until the capture_begin it makes, so
-        # that one capture is not counted twice.
+        # that one capture is not counted twice (and torch's own synchronize in between is not
+        # a synchronize during capture).
         self.opening = opening
 
 
 def find_violations(
-    enabled: bool, thread_id: int, active: Iterable[CaptureRecord]
+    enabled: bool, thread_id: int, mode: str, active: Iterable[CaptureRecord]
 ) -> list[tuple[str, CaptureRecord | None]]:
-    """The rules a capture attempt on ``thread_id`` breaks, each with the record behind it."""
+    """The rules a capture attempt on ``thread_id`` in ``mode`` breaks, each with its cause."""
     found: list[tuple[str, CaptureRecord | None]] = []
     if not enabled:
         found.append((CAPTURE_DISABLED, None))
+    nested = concurrent = None
     for record in active:
         if record.thread_id == thread_id:
-            found.append((NESTED_CAPTURE, record))
-            break
+            nested = nested or record
+        elif "global" in (mode, record.mode):
+            # CUDA's global mode: one thread's unsafe call invalidates another's capture.
+            concurrent = concurrent or record
+    if nested is not None:
+        found.append((NESTED_CAPTURE, nested))
+    if concurrent is not None:
+        found.append((CONCURRENT_CAPTURE, concurrent))
     return found
+
+
+def find_sync_violation(thread_id: int, active: Iterable[CaptureRecord]) -> CaptureRecord | None:
+    """The capture a synchronize on ``thread_id`` would break, if any."""
+    for record in active:
+        if record.thread_id == thread_id and not record.opening:
+            return record
+    return None
 
 
 def check_begin(
@@ -82,19 +124,18 @@ def check_begin(
 ) -> CaptureRecord:
     """Check a capture attempt; report and possibly raise; else return its record.
 
-    The caller adds the record to ``_state.active`` once the capture has begun.
-
-    Raises a CaptureViolation when a rule is broken and the configuration says raise. Any
-    other failure in here is cgguard's own: it is reported once and the capture goes on.
+    The caller adds the record to ``_state.active`` once the capture has begun. Raises a
+    CaptureViolation when a rule is broken and its action is raise. Any other failure in here
+    is cgguard's own: it is reported once and the capture goes on.
     """
     thread_id = threading.get_ident()
     record = CaptureRecord(key, thread_id, api, mode, stack, opening=opening)
-    # The common case costs two reads: capture enabled and nothing else capturing.
-    if _state.capture_enabled and not _state.active:
+    # The common case costs three reads: nothing capturing, capture enabled, no other flag.
+    if not _state.active and _state.capture_enabled and not _state.flag_sources:
         return record
     try:
-        found = find_violations(_state.capture_enabled, thread_id, list(_state.active.values()))
-        error = _handle(found, record) if found else None
+        found = find_violations(is_capture_enabled(), thread_id, mode, list(_state.active.values()))
+        error = _handle(found, api, stack) if found else None
     except Exception as exc:
         warn_once("guard", f"internal error while checking a capture, not checked: {exc!r}")
         return record
@@ -103,29 +144,67 @@ def check_begin(
     return record
 
 
+def check_sync(api: str) -> None:
+    """Check a synchronize call made by the caller's caller; report, maybe raise, before CUDA.
+
+    torch.cuda.graph's own synchronize runs while its capture is still opening, on every
+    capture: the stack is taken only once a violation is found.
+    """
+    if not _state.active:
+        return
+    try:
+        cause = find_sync_violation(threading.get_ident(), list(_state.active.values()))
+        if cause is None:
+            return
+        stack = snapshot(2)  # from the caller of the wrapper that called us
+        error = _handle([(SYNC_DURING_CAPTURE, cause)], api, stack)
+    except Exception as exc:
+        warn_once("guard", f"internal error while checking a synchronize, not checked: {exc!r}")
+        return
+    if error is not None:
+        raise error
+
+
 def _handle(
-    found: list[tuple[str, CaptureRecord | None]], attempt: CaptureRecord
+    found: list[tuple[str, CaptureRecord | None]], api: str, stack: Snapshot
 ) -> CaptureViolation | None:
-    """Report every violation; return the error to raise, if the configuration wants one."""
-    config = _state.config
-    raising = config is None or config.mode == "raise"
-    stack = render(attempt.stack)
+    """Count and report each violation; return the error to raise, if an action says raise."""
+    config, ledger, reporter = _state.config, _state.ledger, _state.reporter
+    if config is None or ledger is None:
+        return None
+    code, lasti = innermost_visible(stack)
     error: CaptureViolation | None = None
     for rule, cause in found:
-        event = _event(rule, attempt.api, stack, cause, "raised" if raising else "logged")
-        _publish(event)
-        if raising and error is None:
+        action = config.action(rule)
+        if action == "off":
+            continue
+        raising = action == "raise"
+        site, count = ledger.count(rule, code, lasti, api, "raised" if raising else "logged")
+        event: dict[str, object] | None = None
+        # Rendering is the expensive part: only for the first at a site, a raise, or listeners
+        # that must see every violation in full.
+        if count == 1 or raising or _state.listeners:
+            action_taken = "raised" if raising else "logged"
+            event = _event(rule, api, stack, cause, action=action_taken, count=count)
+            if count == 1:
+                site.first = event
+                if _state.on_new_site is not None:
+                    _state.on_new_site()
+            _publish(event)
+        if reporter is not None:
+            if count == 1 and event is not None:
+                reporter.emit(event)
+            elif worth_logging(count):
+                reporter.emit(_repeat_event(site, count, ledger.where(site)))
+        if raising and error is None and event is not None:
             error = _ERRORS[rule](str(event["message"]), event)
     return error
 
 
-def _event(
-    rule: str, api: str, stack: list[FrameInfo], cause: CaptureRecord | None, action: str
-) -> dict[str, object]:
-    """The violation as the event the README documents, keys in schema order."""
+def _common(rule: str, api: str, action: str, count: int) -> dict[str, object]:
+    """The keys every violation event starts with, in schema order."""
     now = time.time()
     thread = threading.current_thread()
-    head = f"{api} at {where(stack)}"
     event: dict[str, object] = {
         "event": "cgguard.capture_violation",
         "level": "error" if action == "raised" else "warning",
@@ -133,31 +212,103 @@ def _event(
         "action": action,
         "api": api,
         "message": "",
+        "count": count,
         "thread": thread.name,
         "thread_id": thread.ident,
         "pid": os.getpid(),
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
-        + f".{int(now % 1 * 1_000_000):06d}Z",
-        "stack": stack,
     }
+    event.update(ranks())
+    event["timestamp"] = timestamp(now)
+    return event
+
+
+def ranks() -> dict[str, object]:
+    """RANK, LOCAL_RANK and WORLD_SIZE where set: a distributed job's reports, told apart."""
+    found: dict[str, object] = {}
+    for variable, key in _RANK_VARIABLES:
+        value = os.environ.get(variable)
+        if value is not None:
+            found[key] = int(value) if value.isdigit() else value
+    return found
+
+
+def timestamp(now: float) -> str:
+    """ISO 8601 in UTC with microseconds."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
+
+
+def _event(
+    rule: str,
+    api: str,
+    stack: Snapshot,
+    cause: CaptureRecord | None,
+    *,
+    action: str,
+    count: int,
+) -> dict[str, object]:
+    """The violation as the full event the README documents."""
+    event = _common(rule, api, action, count)
+    frames = render(stack)
+    event["stack"] = frames
+    head = f"{api} at {where(frames)}"
     if rule == CAPTURE_DISABLED:
-        origin = _state.capture_changed_at
+        label, origin = _disabled_by()
         disabled = render(origin) if origin is not None else None
         event["disabled_stack"] = disabled
-        reason = (
-            f"capture was disabled at {where(disabled)}"
-            if disabled is not None
-            else "capture was disabled by cgguard's configuration at start"
-        )
+        if disabled is not None:
+            reason = f"capture was disabled at {where(disabled)}"
+        elif label is None:
+            reason = "capture was disabled by cgguard's configuration at start"
+        else:
+            reason = f"capture was disabled by {label}"
         event["message"] = f"{DISABLED_SENTENCE} {head} began a capture; {reason}."
-    else:
-        assert cause is not None  # noqa: S101 - nested_capture always comes with its outer record
-        outer = render(cause.stack)
-        event["outer_stack"] = outer
+        return event
+    assert cause is not None  # noqa: S101 - every other rule comes with its cause
+    cause_frames = render(cause.stack)
+    event[_CAUSE_KEYS[rule]] = cause_frames
+    began = f"begun at {where(cause_frames)} via {cause.api}"
+    if rule == NESTED_CAPTURE:
         event["message"] = (
             f"Nested CUDA graph capture is not supported: {head} began a capture while this "
-            f"thread's capture begun at {where(outer)} via {cause.api} is still active."
+            f"thread's capture {began} is still active."
         )
+    elif rule == CONCURRENT_CAPTURE:
+        event["other_thread_id"] = cause.thread_id
+        event["message"] = (
+            f"Concurrent CUDA graph capture: {head} began a capture while thread "
+            f"{cause.thread_id} has a capture {began}, and one of them uses capture_error_mode "
+            f"'global', in which one thread's unsafe call invalidates the other's capture."
+        )
+    elif cause.mode == "relaxed":
+        event["message"] = (
+            f"Synchronize during CUDA graph capture: {head} synchronizes while this thread's "
+            f"capture {began} is active; in capture_error_mode 'relaxed' CUDA lets it through, "
+            f"but it does not wait for the captured work, which has not run."
+        )
+    else:
+        event["message"] = (
+            f"Synchronize during CUDA graph capture: {head} synchronizes while this thread's "
+            f"capture {began} is active; CUDA fails it ('operation not permitted when stream is "
+            f"capturing') and invalidates the capture."
+        )
+    return event
+
+
+def _disabled_by() -> tuple[str | None, Snapshot | None]:
+    """Which flag disables capture: (a label, or None for cgguard's own; where it was set)."""
+    if not _state.capture_enabled:
+        return None, _state.capture_changed_at
+    for source in _state.flag_sources:
+        if not source.enabled():
+            return source.label, source.changed_at
+    return None, None
+
+
+def _repeat_event(site: Site, count: int, top: FrameInfo | None) -> dict[str, object]:
+    """A brief report of a repeat: the count and the site, no stacks."""
+    event = _common(site.rule, site.api, site.action, count)
+    event["message"] = f"repeated {count} times at {where([top] if top else [])}"
+    event["site"] = top
     return event
 
 
@@ -167,6 +318,3 @@ def _publish(event: dict[str, object]) -> None:
             listener(event)
         except Exception as exc:
             warn_once("listener", f"a violation listener failed: {exc!r}")
-    reporter = _state.reporter
-    if reporter is not None:
-        reporter.emit(event)

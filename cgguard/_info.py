@@ -39,24 +39,24 @@ def _pth_files() -> list[str]:
 
 
 def _configuration(environ: Mapping[str, str]) -> list[str]:
-    values, sources, problems = _environ.read(environ)
-    config = Config(**values)  # type: ignore[arg-type]  # _environ.read checked every value
+    _, sources, problems = _environ.read(environ)
+    config = Config.from_environ(environ, warn=False)
     enabled = environ.get(_environ.ENABLED, "")
     lines = [f"  {'enabled':<14} {enabled or '(unset)':<12} ({_environ.ENABLED})"]
-    for field, (variable, _) in zip(
-        ("mode", "log_format", "log_file", "capture", "simulate_cuda"),
-        _environ.VARIABLES.items(),
-        strict=True,
-    ):
+    unset = {
+        "log_format": "json, or console when stderr is a terminal",
+        "log_file": "none",
+        "log_target": config.target(),
+        "report": "none",
+        "capture": "as it is (enabled at start)",
+    }
+    for field, _ in _environ.VARIABLES.values():
         value = getattr(config, field)
-        source = variable if field in sources else "default"
-        if value is None:
-            value = {
-                "log_format": "json, or console when stderr is a terminal",
-                "log_file": "stderr",
-                "capture": "as it is (enabled at start)",
-            }[field]
-        lines.append(f"  {field:<14} {value!s:<12} ({source})")
+        shown = unset[field] if value is None else value
+        lines.append(f"  {field:<14} {shown!s:<12} ({sources.get(field, 'default')})")
+    for rule in _environ.RULES:
+        source = sources.get(f"rules.{rule}", "default")
+        lines.append(f"  {'rule':<14} {rule}: {config.action(rule)} ({source})")
     lines += [f"  warning: {line}" for line in problems]
     return lines
 
@@ -82,7 +82,7 @@ def _child_check(environ: Mapping[str, str]) -> str:
     count, origin = done.stdout.split()
     if count == "0":
         return f"NOT patched (activated by {origin}); see warnings the child printed: {done.stderr}"
-    return f"torch's {count} capture entry points patched (activated by {origin})"
+    return f"torch's {count} entry points patched (activated by {origin})"
 
 
 def report(environ: Mapping[str, str] = os.environ, out: TextIO | None = None) -> int:

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import atexit
+import os
 import sys
 import threading
 from typing import TYPE_CHECKING
 
-from cgguard import _importhook, _state
+from cgguard import _bridge, _importhook, _state, _summary
 from cgguard._config import Config
 from cgguard._errors import ConfigError
+from cgguard._ledger import Ledger
 from cgguard._report import Reporter
 from cgguard._warn import warn_once
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import ModuleType
 
 _lock = threading.RLock()
+_exit_registered = False
 
 
 def install(config: Config | None = None) -> None:
@@ -25,6 +30,7 @@ def install(config: Config | None = None) -> None:
     configuration. Works before torch is imported (the patches go on when it is; cgguard never
     imports torch itself) and after.
     """
+    global _exit_registered
     if config is not None and not isinstance(config, Config):
         raise ConfigError(
             f"install(config={config!r}): accepted values are None or a cgguard.Config"
@@ -33,6 +39,10 @@ def install(config: Config | None = None) -> None:
         if _state.config is not None and config is None:
             return
         _configure(config if config is not None else Config())
+        if not _exit_registered:
+            atexit.register(_at_exit)
+            os.register_at_fork(after_in_child=_forget_parent)
+            _exit_registered = True
         if _state.patches:
             return
         if "torch" in sys.modules:
@@ -47,12 +57,17 @@ def uninstall() -> None:
 
     with _lock:
         _importhook.cancel("torch", _patch_on_import)
+        _bridge.unfollow_all()
         if _state.patches:
             unpatch_torch()
+        if _state.config is not None and _state.ledger is not None:
+            _summary.write(_state.config, _state.ledger)
         if _state.reporter is not None:
             _state.reporter.close()
         _state.reporter = None
         _state.config = None
+        _state.ledger = None
+        _state.on_new_site = None
         _state.active.clear()
 
 
@@ -64,10 +79,45 @@ def is_installed() -> bool:
 def _configure(config: Config) -> None:
     if _state.reporter is not None:
         _state.reporter.close()
+    ledger = _state.ledger if _state.ledger is not None else Ledger()
     _state.config = config
-    _state.reporter = Reporter(config.log_format, config.log_file)
+    _state.ledger = ledger
+    _state.reporter = Reporter(config.log_format, config.log_file, target=config.target())
+    _state.on_new_site = _report_writer(config, ledger)
     if config.capture is not None:
         _state.set_flag(config.capture == "enabled", None)
+    _bridge.follow_vllm(config.vllm_bridge)
+
+
+def _forget_parent() -> None:
+    # A forked worker reports its own violations: {pid} reports summed across a job must not
+    # count the parent's twice. The parent's captures belong to threads the child lacks.
+    config = _state.config
+    if config is None:
+        return
+    ledger = _state.ledger = Ledger()
+    _state.on_new_site = _report_writer(config, ledger)
+    _state.active.clear()
+
+
+def _report_writer(config: Config, ledger: Ledger) -> Callable[[], None] | None:
+    """What keeps the JSON report current as new sites appear, if there is a report."""
+    if config.report is None:
+        return None
+    return lambda: _summary.write(config, ledger)
+
+
+def _at_exit() -> None:
+    """The run's summary, if anything was seen, and the final report."""
+    config, ledger, reporter = _state.config, _state.ledger, _state.reporter
+    if config is None or ledger is None:
+        return
+    try:
+        if ledger.sites() and reporter is not None:
+            reporter.emit(_summary.summary_event(ledger))
+        _summary.write(config, ledger)
+    except Exception as exc:
+        warn_once("exit", f"could not write the exit summary: {exc!r}")
 
 
 def _patch() -> None:

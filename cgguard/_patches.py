@@ -1,4 +1,4 @@
-"""The only module that touches torch: wrapt wrappers on torch's capture entry points.
+"""The only module that touches torch: wrapt wrappers on its capture and synchronize entry points.
 
 The wrappers go on the classes themselves (``torch.cuda.graphs.graph`` and the real
 ``CUDAGraph``), so references taken earlier, subclasses and ``from torch.cuda import graph`` are
@@ -8,6 +8,7 @@ all covered. Arguments pass through untouched: the signatures differ across torc
 from __future__ import annotations
 
 import importlib
+import sys
 from threading import get_ident
 from typing import Any
 
@@ -84,22 +85,39 @@ def _capture_end(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         _state.active.pop(id(instance), None)
 
 
+def _checks_sync(api: str) -> Any:
+    def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        if _state.active:  # nothing capturing, nothing to check
+            _guard.check_sync(api)
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+_device_sync = _checks_sync(_guard.API_SYNCHRONIZE)
+
+
 def patch_torch() -> None:
-    """Wrap torch's capture entry points. Raises if torch is not what cgguard expects."""
+    """Wrap torch's capture and synchronize entry points. Raises if torch is not as expected."""
     if _state.patches:
         return
     graphs = importlib.import_module("torch.cuda.graphs")
+    streams = importlib.import_module("torch.cuda.streams")
     cuda_graph = real_class(graphs.CUDAGraph)
     targets = (
         (graphs.graph, "__enter__", _graph_enter),
         (cuda_graph, "capture_begin", _capture_begin),
         (cuda_graph, "capture_end", _capture_end),
+        # The Python methods on the real classes: subclasses and bound methods all land here.
+        (real_class(streams.Stream), "synchronize", _checks_sync(_guard.API_STREAM_SYNCHRONIZE)),
+        (real_class(streams.Event), "synchronize", _checks_sync(_guard.API_EVENT_SYNCHRONIZE)),
     )
     try:
         for owner, name, wrapper in targets:
             original = owner.__dict__.get(name, _ABSENT)
             setattr(owner, name, wrapt.FunctionWrapper(getattr(owner, name), wrapper))
             _state.patches.append((owner, name, original))
+        refresh_device_sync()
     except BaseException:
         unpatch_torch()
         raise
@@ -107,9 +125,40 @@ def patch_torch() -> None:
 
 def unpatch_torch() -> None:
     """Put back exactly what patch_torch() replaced."""
+    release_device_sync()
     while _state.patches:
         owner, name, original = _state.patches.pop()
         if original is _ABSENT:
             delattr(owner, name)
         else:
             setattr(owner, name, original)
+
+
+# torch.cuda.synchronize() lands in torch._C._cuda_synchronize: wrapping that, rather than the
+# Python function, also catches ``from torch.cuda import synchronize`` bound before install.
+# CPU builds have no such function; the simulated runtime adds one while it is active, and
+# calls the two functions below as it comes and goes.
+
+
+def refresh_device_sync() -> None:
+    """Wrap torch._C._cuda_synchronize if it exists, cgguard is installed and it is not wrapped."""
+    c_module = sys.modules["torch._C"]
+    current = c_module.__dict__.get("_cuda_synchronize")
+    held = _state.device_sync
+    if held is not None and current is held[1]:
+        return
+    _state.device_sync = None  # replaced or removed since: nothing of ours to restore
+    if current is not None and _state.patches:
+        wrapper = wrapt.FunctionWrapper(current, _device_sync)
+        setattr(c_module, "_cuda_synchronize", wrapper)  # noqa: B010 - absent on CPU builds
+        _state.device_sync = (current, wrapper)
+
+
+def release_device_sync() -> None:
+    """Put torch._C._cuda_synchronize back, if cgguard's wrapper is still the one there."""
+    held, _state.device_sync = _state.device_sync, None
+    c_module = sys.modules.get("torch._C")
+    if held is not None and c_module is not None:
+        original, wrapper = held
+        if c_module.__dict__.get("_cuda_synchronize") is wrapper:
+            setattr(c_module, "_cuda_synchronize", original)  # noqa: B010 - as above

@@ -1,7 +1,8 @@
 """How a violation is spoken: a structlog event rendered as JSON or for the console, then written.
 
 structlog is imported when the first event is rendered, never before, and cgguard builds its own
-logger: the host program's structlog and logging configuration are never read or changed.
+logger: the host program's structlog configuration is never read or changed, and the standard
+library's logging is only used when asked for (log target "logging").
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
 _CAUSES = (
     ("outer_stack", "The outer capture began at (most recent call last):"),
     ("disabled_stack", "Capture was disabled at (most recent call last):"),
+    ("other_stack", "The other thread's capture began at (most recent call last):"),
+    ("capture_stack", "This thread's capture began at (most recent call last):"),
 )
 
 
@@ -62,6 +65,46 @@ class _FileSink:
             self.fd = None
 
 
+class _LoggingSink:
+    """Hands each rendered event to the standard library logger "cgguard", at its level.
+
+    The whole event rides along as ``record.cgguard``, for handlers that want the fields.
+    """
+
+    def _log(self, level: int, message: str, event: dict[str, object]) -> None:
+        import logging
+
+        logging.getLogger("cgguard").log(level, "%s", message, extra={"cgguard": event})
+
+    def error(self, message: str, event: dict[str, object]) -> None:
+        self._log(40, message, event)  # logging.ERROR, without importing logging to say so
+
+    def warning(self, message: str, event: dict[str, object]) -> None:
+        self._log(30, message, event)
+
+    def info(self, message: str, event: dict[str, object]) -> None:
+        self._log(20, message, event)
+
+
+_ORIGINAL = "__cgguard_event__"
+
+
+def _stash_event(_: object, __: str, event_dict: MutableMapping[str, Any]) -> Any:
+    """Keep the event as it came, before console rendering folds its stacks into text."""
+    event_dict[_ORIGINAL] = dict(event_dict)
+    return event_dict
+
+
+def _keep_event(renderer: Processor) -> Processor:
+    """Render, then pass the event itself too: structlog calls the sink with (*args, **kwargs)."""
+
+    def render(logger: object, name: str, event_dict: MutableMapping[str, Any]) -> Any:
+        event = event_dict.pop(_ORIGINAL)
+        return (renderer(logger, name, event_dict),), {"event": event}
+
+    return render
+
+
 def _event_first(_: object, __: str, event_dict: MutableMapping[str, Any]) -> Any:
     """structlog adds ``event`` last; the schema has it first, where a reader looks."""
     return {"event": event_dict.pop("event"), **event_dict}
@@ -69,8 +112,11 @@ def _event_first(_: object, __: str, event_dict: MutableMapping[str, Any]) -> An
 
 def _stacks_as_text(_: object, __: str, event_dict: MutableMapping[str, Any]) -> Any:
     """Fold the stacks into one traceback-like block; ConsoleRenderer prints it below the line."""
+    if not isinstance(event_dict.get("stack"), list):
+        return event_dict  # a repeat or a summary: no stacks to fold
     frames: list[FrameInfo] = event_dict.pop("stack")
-    blocks = ["The capture was attempted at (most recent call last):\n" + format_frames(frames)]
+    what = "synchronize was called" if "capture_stack" in event_dict else "capture was attempted"
+    blocks = [f"The {what} at (most recent call last):\n" + format_frames(frames)]
     for key, title in _CAUSES:
         if key in event_dict:
             cause: list[FrameInfo] | None = event_dict.pop(key)
@@ -78,6 +124,12 @@ def _stacks_as_text(_: object, __: str, event_dict: MutableMapping[str, Any]) ->
             blocks.append(f"{title}\n{body}")
     event_dict["stack"] = "\n\n".join(blocks)
     return event_dict
+
+
+def format_stacks(event: dict[str, object]) -> str:
+    """An event's stacks as the console shows them: one traceback-like block per stack."""
+    text = _stacks_as_text(None, "", dict(event)).get("stack")
+    return text if isinstance(text, str) else ""
 
 
 def console_processors(colors: bool) -> list[Processor]:
@@ -105,12 +157,14 @@ class Reporter:
         log_format: str | None = None,
         log_file: str | None = None,
         *,
+        target: str | None = None,
         processors: list[Processor] | None = None,
     ) -> None:
         self.log_format = log_format
         self.log_file = log_file
+        self.target = target or ("file" if log_file else "stderr")
         self._processors = processors
-        self._sink: _StderrSink | _FileSink | None = None
+        self._sink: _StderrSink | _FileSink | _LoggingSink | None = None
         self._logger: Any = None
 
     def emit(self, event: dict[str, object]) -> None:
@@ -140,10 +194,15 @@ class Reporter:
 
     def _bound(self) -> Any:
         if self._logger is None:
-            self._use(_FileSink(self.log_file) if self.log_file else _StderrSink())
+            if self.target == "logging":
+                self._use(_LoggingSink())
+            elif self.target == "file" and self.log_file:
+                self._use(_FileSink(self.log_file))
+            else:
+                self._use(_StderrSink())
         return self._logger
 
-    def _use(self, sink: _StderrSink | _FileSink) -> None:
+    def _use(self, sink: _StderrSink | _FileSink | _LoggingSink) -> None:
         import structlog
 
         self._sink = sink
@@ -151,12 +210,17 @@ class Reporter:
         if processors is None:
             fmt = self.log_format
             if fmt is None:
-                fmt = "console" if _isatty(sys.stderr) else "json"
+                # A person at a terminal gets the console rendering; pipes, files and logging
+                # handlers get JSON unless told otherwise.
+                interactive = isinstance(sink, _StderrSink) and _isatty(sys.stderr)
+                fmt = "console" if interactive else "json"
             if fmt == "console":
                 colors = isinstance(sink, _StderrSink) and _isatty(sys.stderr)
                 processors = console_processors(colors)
             else:
                 processors = json_processors()
+            if isinstance(sink, _LoggingSink):
+                processors = [_stash_event, *processors[:-1], _keep_event(processors[-1])]
         # Built directly, not through structlog.get_logger(): that would read the host
         # program's global structlog configuration.
         self._logger = structlog.BoundLogger(sink, processors, context={})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 import threading
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -470,8 +471,18 @@ def _stream(stream: Any) -> _StreamContext:
     return _StreamContext(stream)
 
 
-def _synchronize(device: object = None) -> None:
+def _cuda_synchronize() -> None:
+    # Where torch's own torch.cuda.synchronize() lands, as on a CUDA build.
     _active()._synchronize()
+
+
+def _lazy_init() -> None:
+    """The simulated runtime is always initialised."""
+
+
+def _no_device_switch(device: object) -> int:
+    # One simulated device: torch.cuda.device(...) switches nothing.
+    return -1
 
 
 def _is_current_stream_capturing() -> bool:
@@ -519,7 +530,12 @@ def _install(torch: ModuleType) -> Callable[[], None]:
         put(cuda, "default_stream", _default_stream)
         put(cuda, "set_stream", _set_stream)
         put(cuda, "stream", _stream)
-        put(cuda, "synchronize", _synchronize)
+        # torch's own synchronize() runs: it initialises CUDA, enters torch.cuda.device(None)
+        # and calls torch._C._cuda_synchronize, which CPU builds lack.
+        put(torch._C, "_cuda_synchronize", _cuda_synchronize)
+        put(cuda, "_lazy_init", _lazy_init)
+        put(cuda, "_exchange_device", _no_device_switch)
+        put(cuda, "_maybe_exchange_device", _no_device_switch)
         put(torch._C, "_host_emptyCache", _host_empty_cache)
         # torch.cuda.graph caches its side stream on the class; a stream from another runtime
         # (or an ended session) must not be used for captures here.
@@ -559,9 +575,22 @@ def simulated_cuda(*, force: bool = False) -> Iterator[SimulatedCuda]:
         sim = SimulatedCuda()
         restore = _install(torch)
         _ACTIVE = sim
+        _tell_cgguard(entering=True)
     try:
         yield sim
     finally:
         with _ACTIVATION_LOCK:
+            _tell_cgguard(entering=False)
             _ACTIVE = None
             restore()
+
+
+def _tell_cgguard(*, entering: bool) -> None:
+    # torch._C._cuda_synchronize comes and goes with the simulation; if cgguard is installed,
+    # it wraps the simulated one on entry and lets go of it before the simulation removes it.
+    patches = sys.modules.get("cgguard._patches")
+    if patches is not None:
+        if entering:
+            patches.refresh_device_sync()
+        else:
+            patches.release_device_sync()

@@ -13,9 +13,11 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from cgguard._bridge import FlagSource
     from cgguard._config import Config
     from cgguard._frames import Snapshot
     from cgguard._guard import CaptureRecord
+    from cgguard._ledger import Ledger
     from cgguard._report import Reporter
 
 # The capture flag and where it got its value (None: from configuration, or never changed).
@@ -25,12 +27,22 @@ capture_changed_at: "Snapshot | None" = None
 # Captures begun and not yet ended, by id() of the CUDAGraph that holds them.
 active: "dict[int, CaptureRecord]" = {}
 
+# Other frameworks' capture flags that cgguard follows (cgguard._bridge); all must allow.
+flag_sources: "list[FlagSource]" = []
+
 # What install() set up; None while not installed.
 config: "Config | None" = None
 reporter: "Reporter | None" = None
+ledger: "Ledger | None" = None
+# Called when a violation is first seen at a new site: keeps the JSON report current.
+on_new_site: "Callable[[], None] | None" = None
 
 # What cgguard._patches replaced on torch, as (owner, attribute name, original), in order.
 patches: list[tuple[type, str, object]] = []
+
+# torch._C._cuda_synchronize as (original, cgguard's wrapper) while cgguard wraps it; it comes
+# and goes with the simulated runtime on CPU builds, so it is kept apart from ``patches``.
+device_sync: "tuple[object, object] | None" = None
 
 # Called with every violation's full event, whatever the logging; for cgguard.testing.
 listeners: "list[Callable[[dict[str, object]], None]]" = []
@@ -45,9 +57,12 @@ def set_flag(enabled: bool, changed_at: "Snapshot | None") -> None:
 
 def reset() -> None:
     """Forget everything: the flag enabled, no captures, nothing installed. For tests."""
-    global config, reporter
+    global config, reporter, ledger, on_new_site
     set_flag(True, None)
     active.clear()
+    flag_sources.clear()
     config = None
     reporter = None
+    ledger = None
+    on_new_site = None
     listeners.clear()

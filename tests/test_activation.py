@@ -49,7 +49,7 @@ def cgguard_run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_enabled_variable_activates_through_the_pth() -> None:
     """CGGUARD_ENABLED=1 alone patches torch when the program imports it, silently."""
     done = python(PATCHED, clean_environ(CGGUARD_ENABLED="1"))
-    assert (done.returncode, done.stdout, done.stderr) == (0, "3 pth\n", "")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "5 pth\n", "")
 
 
 @pytest.mark.parametrize("value", ["", "0", "off", "no"])
@@ -85,7 +85,7 @@ def test_bad_enabled_value_warns_and_stays_off() -> None:
     """CGGUARD_ENABLED with an unknown spelling warns once and does not activate."""
     done = python(PATCHED, clean_environ(CGGUARD_ENABLED="maybe", PYTHONPATH=EXAMPLE))
     # The sitecustomize folder alone would activate; an unreadable switch leaves that default.
-    assert done.stdout == "3 sitecustomize\n"
+    assert done.stdout == "5 sitecustomize\n"
     assert done.stderr == (
         "cgguard: ignoring CGGUARD_ENABLED='maybe': accepted values are "
         "1/true/yes/on or 0/false/no/off\n"
@@ -112,7 +112,7 @@ def test_patch_failure_leaves_torch_importable() -> None:
 def test_sitecustomize_folder_activates_by_itself() -> None:
     """sitecustomize_example on PYTHONPATH is the opt-in: no variable needed."""
     done = python(PATCHED, clean_environ(PYTHONPATH=EXAMPLE))
-    assert (done.returncode, done.stdout, done.stderr) == (0, "3 sitecustomize\n", "")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "5 sitecustomize\n", "")
 
 
 def test_sitecustomize_folder_respects_enabled_zero() -> None:
@@ -129,7 +129,7 @@ def test_users_own_sitecustomize_still_runs(tmp_path: Path) -> None:
     env = clean_environ(PYTHONPATH=os.pathsep.join([EXAMPLE, str(own)]))
     done = python(PATCHED + "; import builtins; print(builtins.OWN_SITE)", env)
     assert (done.returncode, done.stderr) == (0, "")
-    assert done.stdout == f"3 sitecustomize\n{own / 'sitecustomize.py'}\n"
+    assert done.stdout == f"5 sitecustomize\n{own / 'sitecustomize.py'}\n"
 
 
 def test_example_is_the_runners_bootstrap() -> None:
@@ -148,7 +148,7 @@ def test_three_activations_patch_once() -> None:
         print(len(s.patches), b.activated_by, inspect.isfunction(enter.__wrapped__))
         """
     done = python(code, clean_environ(CGGUARD_ENABLED="1", PYTHONPATH=EXAMPLE))
-    assert (done.returncode, done.stdout, done.stderr) == (0, "3 pth True\n", "")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "5 pth True\n", "")
 
 
 CHILDREN = """
@@ -176,7 +176,7 @@ def test_children_inherit_activation(tmp_path: Path) -> None:
     script.write_text(textwrap.dedent(CHILDREN))
     done = cgguard_run(str(script))
     assert (done.returncode, done.stderr) == (0, "")
-    assert done.stdout == "subprocess 3\nspawn 3\nforkserver 3\n"
+    assert done.stdout == "subprocess 5\nspawn 5\nforkserver 5\n"
 
 
 def test_other_python_without_cgguard_starts_silently(tmp_path: Path) -> None:
@@ -216,7 +216,8 @@ def test_runner_configuration_reaches_the_program(tmp_path: Path) -> None:
         "cgguard: CGGUARD_SIMULATE_CUDA: torch.cuda runs on cgguard's simulated CUDA runtime "
         "(no GPU work; results are not GPU results)\n"
     )
-    (event,) = [json.loads(line) for line in log.read_text().splitlines()]
+    event, summary = [json.loads(line) for line in log.read_text().splitlines()]
+    assert (summary["event"], summary["totals"]) == ("cgguard.summary", {"capture_disabled": 1})
     assert (event["rule"], event["action"], event["disabled_stack"]) == (
         "capture_disabled",
         "raised",

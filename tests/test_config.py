@@ -12,11 +12,16 @@ from cgguard import _warn
 
 DEFAULTS = {
     "mode": "raise",
+    "rules": {},
     "log_format": None,
     "log_file": None,
+    "log_target": None,
+    "report": None,
     "capture": None,
     "simulate_cuda": False,
+    "vllm_bridge": True,
 }
+RULES = ("capture_disabled", "nested_capture", "concurrent_capture", "sync_during_capture")
 
 
 @pytest.fixture(autouse=True)
@@ -26,7 +31,7 @@ def _fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_defaults() -> None:
-    """Config() raises on violations, picks the format by terminal, and changes nothing else."""
+    """Config() raises on violations, picks format and target later, follows vLLM, no more."""
     assert dataclasses.asdict(cgguard.Config()) == DEFAULTS
 
 
@@ -34,17 +39,25 @@ def test_every_field_set() -> None:
     """Accepted values for every field are kept as given."""
     config = cgguard.Config(
         mode="log",
+        rules={"nested_capture": "off", "sync_during_capture": "raise"},
         log_format="console",
         log_file="/tmp/events.log",  # noqa: S108 - a value, never opened
+        log_target="logging",
+        report="/tmp/report-{pid}.json",  # noqa: S108 - a value, never written
         capture="disabled",
         simulate_cuda=True,
+        vllm_bridge=False,
     )
     expected = {
         "mode": "log",
+        "rules": {"nested_capture": "off", "sync_during_capture": "raise"},
         "log_format": "console",
         "log_file": "/tmp/events.log",  # noqa: S108 - a value, never opened
+        "log_target": "logging",
+        "report": "/tmp/report-{pid}.json",  # noqa: S108 - a value, never written
         "capture": "disabled",
         "simulate_cuda": True,
+        "vllm_bridge": False,
     }
     assert expected == dataclasses.asdict(config)
 
@@ -68,6 +81,37 @@ def test_every_field_set() -> None:
         ({"simulate_cuda": "yes"}, "Config(simulate_cuda='yes'): accepted values are False, True"),
         ({"log_file": ""}, "Config(log_file=''): accepted values are None or a path"),
         ({"log_file": 3}, "Config(log_file=3): accepted values are None or a path"),
+        (
+            {"log_target": "syslog"},
+            "Config(log_target='syslog'): accepted values are None, 'stderr', 'file', 'logging'",
+        ),
+        (
+            {"log_target": "file"},
+            "Config(log_target='file'): needs log_file, a path",
+        ),
+        ({"report": ""}, "Config(report=''): accepted values are None or a path"),
+        ({"report": 3}, "Config(report=3): accepted values are None or a path"),
+        ({"vllm_bridge": 0}, "Config(vllm_bridge=0): accepted values are False, True"),
+        ({"vllm_bridge": "no"}, "Config(vllm_bridge='no'): accepted values are False, True"),
+        (
+            {"rules": "nested_capture=off"},
+            "Config(rules='nested_capture=off'): accepted values are a mapping of rule to action",
+        ),
+        (
+            {"rules": {"nested": "off"}},
+            "Config(rules={'nested': 'off'}): accepted rules are capture_disabled, "
+            "nested_capture, concurrent_capture, sync_during_capture; actions are raise, log, off",
+        ),
+        (
+            {"rules": {"nested_capture": "warn"}},
+            "Config(rules={'nested_capture': 'warn'}): accepted rules are capture_disabled, "
+            "nested_capture, concurrent_capture, sync_during_capture; actions are raise, log, off",
+        ),
+        (
+            {"rules": {"sync_during_capture": "OFF"}},
+            "Config(rules={'sync_during_capture': 'OFF'}): accepted rules are capture_disabled, "
+            "nested_capture, concurrent_capture, sync_during_capture; actions are raise, log, off",
+        ),
     ],
 )
 def test_invalid_value_message(kwargs: dict[str, Any], message: str) -> None:
@@ -86,21 +130,132 @@ def test_frozen() -> None:
     assert dataclasses.asdict(config) == DEFAULTS
 
 
+def test_rules_are_copied_from_the_callers_mapping() -> None:
+    """Changing the dict passed as rules after the Config is built does not change the Config."""
+    rules = {"nested_capture": "off"}
+    config = cgguard.Config(rules=rules)  # type: ignore[arg-type]
+    rules["nested_capture"] = "raise"
+    rules["capture_disabled"] = "off"
+    expected = ({"nested_capture": "off"}, "off", "raise")
+    assert expected == (
+        dict(config.rules),
+        config.action("nested_capture"),
+        config.action("capture_disabled"),
+    )
+
+
+def test_rules_cannot_be_changed_after_build() -> None:
+    """A Config's rules cannot be changed in place either: the whole configuration is frozen."""
+    config = cgguard.Config(rules={"nested_capture": "log"})
+    with pytest.raises(TypeError):
+        config.rules["nested_capture"] = "off"  # type: ignore[index]
+    assert config.action("nested_capture") == "log"
+
+
+def test_equal_configs_hash_equal() -> None:
+    """A frozen Config is hashable, and equal configurations hash equal."""
+    first = cgguard.Config(mode="log", rules={"nested_capture": "off"})
+    second = cgguard.Config(mode="log", rules={"nested_capture": "off"})
+    assert hash(first) == hash(second)
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        (
+            "raise",
+            {
+                "capture_disabled": "raise",
+                "nested_capture": "raise",
+                "concurrent_capture": "log",
+                "sync_during_capture": "log",
+            },
+        ),
+        (
+            "log",
+            {
+                "capture_disabled": "log",
+                "nested_capture": "log",
+                "concurrent_capture": "log",
+                "sync_during_capture": "log",
+            },
+        ),
+    ],
+)
+def test_action_defaults(mode: str, expected: dict[str, str]) -> None:
+    """Unset rules: capture_disabled and nested_capture follow mode; the diagnostics log."""
+    config = cgguard.Config(mode=mode)  # type: ignore[arg-type]
+    assert expected == {rule: config.action(rule) for rule in RULES}
+
+
+@pytest.mark.parametrize("mode", ["raise", "log"])
+def test_action_set_per_rule_wins_over_mode(mode: str) -> None:
+    """A rule's own action is used whatever the mode; unset rules keep their defaults."""
+    config = cgguard.Config(
+        mode=mode,  # type: ignore[arg-type]
+        rules={
+            "capture_disabled": "off",
+            "concurrent_capture": "raise",
+            "sync_during_capture": "off",
+        },
+    )
+    expected = {
+        "capture_disabled": "off",
+        "nested_capture": mode,
+        "concurrent_capture": "raise",
+        "sync_during_capture": "off",
+    }
+    assert expected == {rule: config.action(rule) for rule in RULES}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "target"),
+    [
+        ({}, "stderr"),
+        ({"log_file": "cg.log"}, "file"),
+        ({"log_file": "cg.log", "log_target": "file"}, "file"),
+        ({"log_file": "cg.log", "log_target": "stderr"}, "stderr"),
+        ({"log_file": "cg.log", "log_target": "logging"}, "logging"),
+        ({"log_target": "logging"}, "logging"),
+        ({"log_target": "stderr"}, "stderr"),
+    ],
+)
+def test_target(kwargs: dict[str, Any], target: str) -> None:
+    """target(): the explicit log_target, else the file when log_file is set, else stderr."""
+    assert target == cgguard.Config(**kwargs).target()
+
+
 def test_from_environ_every_variable(capsys: pytest.CaptureFixture[str]) -> None:
     """Every CGGUARD_* variable set gives the Config they spell, silently."""
     environ = {
         "CGGUARD_MODE": "log",
         "CGGUARD_LOG_FORMAT": "json",
         "CGGUARD_LOG_FILE": "/srv/cg/events.jsonl",
+        "CGGUARD_LOG_TARGET": "file",
+        "CGGUARD_REPORT": "/srv/cg/report-{pid}.json",
         "CGGUARD_CAPTURE": "enabled",
         "CGGUARD_SIMULATE_CUDA": "yes",
+        "CGGUARD_VLLM_BRIDGE": "0",
+        "CGGUARD_RULE_CAPTURE_DISABLED": "log",
+        "CGGUARD_RULE_NESTED_CAPTURE": "off",
+        "CGGUARD_RULE_CONCURRENT_CAPTURE": "raise",
+        "CGGUARD_RULE_SYNC_DURING_CAPTURE": "off",
     }
     expected = cgguard.Config(
         mode="log",
+        rules={
+            "capture_disabled": "log",
+            "nested_capture": "off",
+            "concurrent_capture": "raise",
+            "sync_during_capture": "off",
+        },
         log_format="json",
         log_file="/srv/cg/events.jsonl",
+        log_target="file",
+        report="/srv/cg/report-{pid}.json",
         capture="enabled",
         simulate_cuda=True,
+        vllm_bridge=False,
     )
     assert expected == cgguard.Config.from_environ(environ)
     assert capsys.readouterr() == ("", "")
@@ -146,8 +301,15 @@ def test_from_environ_empty_values_are_unset(capsys: pytest.CaptureFixture[str])
             "CGGUARD_MODE",
             "CGGUARD_LOG_FORMAT",
             "CGGUARD_LOG_FILE",
+            "CGGUARD_LOG_TARGET",
+            "CGGUARD_REPORT",
             "CGGUARD_CAPTURE",
             "CGGUARD_SIMULATE_CUDA",
+            "CGGUARD_VLLM_BRIDGE",
+            "CGGUARD_RULE_CAPTURE_DISABLED",
+            "CGGUARD_RULE_NESTED_CAPTURE",
+            "CGGUARD_RULE_CONCURRENT_CAPTURE",
+            "CGGUARD_RULE_SYNC_DURING_CAPTURE",
         ],
         "",
     )
@@ -160,11 +322,21 @@ def test_from_environ_case_and_spaces() -> None:
     environ = {
         "CGGUARD_MODE": "LOG ",
         "CGGUARD_LOG_FORMAT": " Console",
+        "CGGUARD_LOG_TARGET": " Logging",
         "CGGUARD_CAPTURE": "\tDISABLED\n",
         "CGGUARD_SIMULATE_CUDA": " TRUE ",
+        "CGGUARD_VLLM_BRIDGE": "No ",
+        "CGGUARD_RULE_NESTED_CAPTURE": " OFF",
+        "CGGUARD_RULE_SYNC_DURING_CAPTURE": "Raise\n",
     }
     expected = cgguard.Config(
-        mode="log", log_format="console", capture="disabled", simulate_cuda=True
+        mode="log",
+        rules={"nested_capture": "off", "sync_during_capture": "raise"},
+        log_format="console",
+        log_target="logging",
+        capture="disabled",
+        simulate_cuda=True,
+        vllm_bridge=False,
     )
     assert expected == cgguard.Config.from_environ(environ)
 
@@ -174,3 +346,54 @@ def test_from_environ_log_file_is_free_text() -> None:
     environ = {"CGGUARD_LOG_FILE": " /Data/Run 1/CG.LOG "}
     expected = cgguard.Config(log_file=" /Data/Run 1/CG.LOG ")
     assert expected == cgguard.Config.from_environ(environ)
+
+
+def test_from_environ_report_is_free_text() -> None:
+    """CGGUARD_REPORT is taken verbatim, {pid} and all: neither folded in case nor stripped."""
+    environ = {"CGGUARD_REPORT": " /Data/Run 1/Report-{pid}.JSON "}
+    expected = cgguard.Config(report=" /Data/Run 1/Report-{pid}.JSON ")
+    assert expected == cgguard.Config.from_environ(environ)
+
+
+def test_from_environ_bad_rule_action_warns_and_uses_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A rule variable with an unknown action is ignored with one line; other rules still apply."""
+    environ = {
+        "CGGUARD_RULE_NESTED_CAPTURE": "warn",
+        "CGGUARD_RULE_CONCURRENT_CAPTURE": "off",
+    }
+    config = cgguard.Config.from_environ(environ)
+    expected_err = (
+        "cgguard: ignoring CGGUARD_RULE_NESTED_CAPTURE='warn': "
+        "accepted values are raise, log, off\n"
+    )
+    assert (cgguard.Config(rules={"concurrent_capture": "off"}), ("", expected_err)) == (
+        config,
+        capsys.readouterr(),
+    )
+    expected = ("raise", "off")
+    assert expected == (config.action("nested_capture"), config.action("concurrent_capture"))
+
+
+def test_from_environ_file_target_without_log_file_warns(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """CGGUARD_LOG_TARGET=file without CGGUARD_LOG_FILE is ignored with one line, not an error."""
+    environ = {"CGGUARD_LOG_TARGET": "file", "CGGUARD_MODE": "log"}
+    expected_err = "cgguard: ignoring CGGUARD_LOG_TARGET='file': CGGUARD_LOG_FILE is not set\n"
+    assert (cgguard.Config(mode="log"), ("", expected_err)) == (
+        cgguard.Config.from_environ(environ),
+        capsys.readouterr(),
+    )
+
+
+def test_from_environ_file_target_without_log_file_warn_false_is_silent(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """warn=False drops CGGUARD_LOG_TARGET=file without CGGUARD_LOG_FILE silently."""
+    environ = {"CGGUARD_LOG_TARGET": "file"}
+    assert (cgguard.Config(), ("", "")) == (
+        cgguard.Config.from_environ(environ, warn=False),
+        capsys.readouterr(),
+    )

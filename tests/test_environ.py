@@ -54,23 +54,46 @@ def test_read_every_variable() -> None:
         "CGGUARD_MODE": "log",
         "CGGUARD_LOG_FORMAT": "console",
         "CGGUARD_LOG_FILE": "/var/log/cgguard.jsonl",
+        "CGGUARD_LOG_TARGET": "stderr",
+        "CGGUARD_REPORT": "/var/log/cgguard-{pid}.json",
         "CGGUARD_CAPTURE": "disabled",
         "CGGUARD_SIMULATE_CUDA": "1",
+        "CGGUARD_VLLM_BRIDGE": "off",
+        "CGGUARD_RULE_CAPTURE_DISABLED": "raise",
+        "CGGUARD_RULE_NESTED_CAPTURE": "off",
+        "CGGUARD_RULE_CONCURRENT_CAPTURE": "log",
+        "CGGUARD_RULE_SYNC_DURING_CAPTURE": "raise",
     }
     expected: tuple[dict[str, object], dict[str, str], list[str]] = (
         {
             "mode": "log",
             "log_format": "console",
             "log_file": "/var/log/cgguard.jsonl",
+            "log_target": "stderr",
+            "report": "/var/log/cgguard-{pid}.json",
             "capture": "disabled",
             "simulate_cuda": True,
+            "vllm_bridge": False,
+            "rules": {
+                "capture_disabled": "raise",
+                "nested_capture": "off",
+                "concurrent_capture": "log",
+                "sync_during_capture": "raise",
+            },
         },
         {
             "mode": "CGGUARD_MODE",
             "log_format": "CGGUARD_LOG_FORMAT",
             "log_file": "CGGUARD_LOG_FILE",
+            "log_target": "CGGUARD_LOG_TARGET",
+            "report": "CGGUARD_REPORT",
             "capture": "CGGUARD_CAPTURE",
             "simulate_cuda": "CGGUARD_SIMULATE_CUDA",
+            "vllm_bridge": "CGGUARD_VLLM_BRIDGE",
+            "rules.capture_disabled": "CGGUARD_RULE_CAPTURE_DISABLED",
+            "rules.nested_capture": "CGGUARD_RULE_NESTED_CAPTURE",
+            "rules.concurrent_capture": "CGGUARD_RULE_CONCURRENT_CAPTURE",
+            "rules.sync_during_capture": "CGGUARD_RULE_SYNC_DURING_CAPTURE",
         },
         [],
     )
@@ -83,17 +106,30 @@ def test_read_mixed_mapping() -> None:
         "CGGUARD_MODE": " LOG ",
         "CGGUARD_LOG_FORMAT": "",
         "CGGUARD_LOG_FILE": " Events Here.log ",
+        "CGGUARD_LOG_TARGET": " FILE ",
+        "CGGUARD_REPORT": " ",
         "CGGUARD_CAPTURE": "sometimes",
         "CGGUARD_SIMULATE_CUDA": "Off",
+        "CGGUARD_VLLM_BRIDGE": "",
+        "CGGUARD_RULE_NESTED_CAPTURE": " Log ",
+        "CGGUARD_RULE_CAPTURE_DISABLED": "",
         "CGGUARD_ENABLED": "1",
         "HOME": "/root",
     }
     expected: tuple[dict[str, object], dict[str, str], list[str]] = (
-        {"mode": "log", "log_file": " Events Here.log ", "simulate_cuda": False},
+        {
+            "mode": "log",
+            "log_file": " Events Here.log ",
+            "log_target": "file",
+            "simulate_cuda": False,
+            "rules": {"nested_capture": "log"},
+        },
         {
             "mode": "CGGUARD_MODE",
             "log_file": "CGGUARD_LOG_FILE",
+            "log_target": "CGGUARD_LOG_TARGET",
             "simulate_cuda": "CGGUARD_SIMULATE_CUDA",
+            "rules.nested_capture": "CGGUARD_RULE_NESTED_CAPTURE",
         },
         ["ignoring CGGUARD_CAPTURE='sometimes': accepted values are enabled, disabled"],
     )
@@ -102,17 +138,44 @@ def test_read_mixed_mapping() -> None:
 
 def test_read_bad_boolean_and_bad_choice() -> None:
     """Each rejected value is one problem line, in variable order, naming the accepted values."""
-    environ = {"CGGUARD_SIMULATE_CUDA": "maybe", "CGGUARD_MODE": "rase"}
+    environ = {
+        "CGGUARD_RULE_SYNC_DURING_CAPTURE": "silent",
+        "CGGUARD_VLLM_BRIDGE": "auto",
+        "CGGUARD_SIMULATE_CUDA": "maybe",
+        "CGGUARD_RULE_CAPTURE_DISABLED": "warn",
+        "CGGUARD_LOG_TARGET": "syslog",
+        "CGGUARD_MODE": "rase",
+    }
     expected: tuple[dict[str, object], dict[str, str], list[str]] = (
         {},
         {},
         [
             "ignoring CGGUARD_MODE='rase': accepted values are raise, log",
+            "ignoring CGGUARD_LOG_TARGET='syslog': accepted values are stderr, file, logging",
             "ignoring CGGUARD_SIMULATE_CUDA='maybe': "
             "accepted values are 1/true/yes/on or 0/false/no/off",
+            "ignoring CGGUARD_VLLM_BRIDGE='auto': "
+            "accepted values are 1/true/yes/on or 0/false/no/off",
+            "ignoring CGGUARD_RULE_CAPTURE_DISABLED='warn': accepted values are raise, log, off",
+            "ignoring CGGUARD_RULE_SYNC_DURING_CAPTURE='silent': "
+            "accepted values are raise, log, off",
         ],
     )
     assert expected == _environ.read(environ)
+
+
+def test_rule_variables_name_every_rule() -> None:
+    """Each rule has its variable CGGUARD_RULE_<RULE>, and each takes raise, log or off."""
+    expected = (
+        {
+            "CGGUARD_RULE_CAPTURE_DISABLED": "capture_disabled",
+            "CGGUARD_RULE_NESTED_CAPTURE": "nested_capture",
+            "CGGUARD_RULE_CONCURRENT_CAPTURE": "concurrent_capture",
+            "CGGUARD_RULE_SYNC_DURING_CAPTURE": "sync_during_capture",
+        },
+        ("raise", "log", "off"),
+    )
+    assert expected == (_environ.RULE_VARIABLES, _environ.ACTIONS)
 
 
 def _modules_after(code: str) -> set[str]:
@@ -129,3 +192,14 @@ def test_import_adds_no_heavy_modules() -> None:
     bare = _modules_after("pass")
     imported = _modules_after("import cgguard._environ")
     assert {"cgguard", "cgguard._environ"} == imported - bare
+
+
+def test_misspelt_rule_variable_is_reported() -> None:
+    """A CGGUARD_RULE_ variable that names no rule is a problem line, not a silent no-op."""
+    values, sources, problems = _environ.read({"CGGUARD_RULE_NESTED": "off"})
+    assert (values, sources) == ({}, {})
+    assert problems == [
+        "ignoring CGGUARD_RULE_NESTED: no such rule; the rule variables are "
+        "CGGUARD_RULE_CAPTURE_DISABLED, CGGUARD_RULE_NESTED_CAPTURE, "
+        "CGGUARD_RULE_CONCURRENT_CAPTURE, CGGUARD_RULE_SYNC_DURING_CAPTURE"
+    ]

@@ -12,7 +12,14 @@ import pytest
 
 import cgguard
 from cgguard import _guard, _state, _warn
-from cgguard._guard import CAPTURE_DISABLED, NESTED_CAPTURE, CaptureRecord, find_violations
+from cgguard._guard import (
+    CAPTURE_DISABLED,
+    CONCURRENT_CAPTURE,
+    NESTED_CAPTURE,
+    CaptureRecord,
+    find_sync_violation,
+    find_violations,
+)
 from cgguard.testing import capture_violations
 
 if TYPE_CHECKING:
@@ -32,6 +39,26 @@ def runner_disables() -> None:  # @runner
 
 def outer_begins() -> None:  # @outer
     """Stands in for the user's code that began the outer capture."""
+
+
+def other_begins() -> None:  # @other
+    """Stands in for the user's code that began a capture on another thread."""
+
+
+def sync_entry_point() -> None:
+    """Stands in for cgguard's wrapper on a synchronize entry point: it calls check_sync."""
+    _guard.check_sync(_guard.API_SYNCHRONIZE)
+
+
+def user_synchronizes() -> None:
+    """Stands in for the user's code that synchronizes."""
+    sync_entry_point()  # @user-sync
+
+
+def from_this_file(frames: object) -> list[object]:
+    """The frames of a rendered stack that are in this file (the rest are pytest's)."""
+    assert isinstance(frames, list)
+    return [f for f in frames if f["file"] == __file__]
 
 
 def stack_of(function: object) -> tuple[object, ...]:
@@ -55,35 +82,119 @@ def _fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_warn, "_said", set())
 
 
-def record(thread_id: int, key: int = 1) -> CaptureRecord:
-    return CaptureRecord(key, thread_id, _guard.API_GRAPH, "global", stack_of(outer_begins))
+@pytest.fixture(autouse=True)
+def _no_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No RANK, LOCAL_RANK or WORLD_SIZE from the caller's environment: events have no ranks."""
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def record(
+    thread_id: int, key: int = 1, mode: str = "global", *, opening: bool = False
+) -> CaptureRecord:
+    return CaptureRecord(
+        key, thread_id, _guard.API_GRAPH, mode, stack_of(outer_begins), opening=opening
+    )
 
 
 def test_nothing_broken_when_enabled_and_idle() -> None:
     """Capture enabled and nothing active: no rule is broken."""
-    assert find_violations(True, 7, []) == []
+    assert find_violations(True, 7, "global", []) == []
 
 
 def test_disabled_breaks_capture_disabled() -> None:
     """Capture disabled: the capture_disabled rule, with no record behind it."""
-    assert find_violations(False, 7, []) == [(CAPTURE_DISABLED, None)]
+    assert find_violations(False, 7, "global", []) == [(CAPTURE_DISABLED, None)]
 
 
-def test_active_capture_on_same_thread_is_nested() -> None:
-    """A capture active on the same thread: nested_capture, naming that capture."""
-    mine = record(7)
-    assert find_violations(True, 7, [record(8, 2), mine]) == [(NESTED_CAPTURE, mine)]
+@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
+def test_active_capture_on_same_thread_is_nested(mode: str) -> None:
+    """A capture active on the same thread: nested_capture naming it, whatever either's mode."""
+    mine = record(7, 2, mode=mode)
+    others = record(8, 1, mode="thread_local")
+    assert find_violations(True, 7, mode, [mine]) == [(NESTED_CAPTURE, mine)]
+    assert find_violations(True, 7, "thread_local", [others, mine]) == [(NESTED_CAPTURE, mine)]
 
 
-def test_active_capture_on_other_thread_is_legal() -> None:
-    """A capture active only on other threads breaks no rule of these two."""
-    assert find_violations(True, 7, [record(8), record(9, 2)]) == []
+@pytest.mark.parametrize(
+    ("mode", "other_modes"),
+    [
+        ("thread_local", ("thread_local", "thread_local")),
+        ("thread_local", ("relaxed", "thread_local")),
+        ("relaxed", ("relaxed", "relaxed")),
+    ],
+)
+def test_active_capture_on_other_thread_is_legal(mode: str, other_modes: tuple[str, str]) -> None:
+    """Captures active only on other threads, none of them or this one global: no rule broken."""
+    active = [record(8, mode=other_modes[0]), record(9, 2, mode=other_modes[1])]
+    assert find_violations(True, 7, mode, active) == []
+
+
+@pytest.mark.parametrize(
+    ("mode", "other_mode"),
+    [
+        ("global", "global"),
+        ("global", "thread_local"),
+        ("global", "relaxed"),
+        ("thread_local", "global"),
+        ("relaxed", "global"),
+    ],
+)
+def test_other_threads_capture_with_global_is_concurrent(mode: str, other_mode: str) -> None:
+    """Another thread capturing, either of the two in global mode: concurrent_capture, naming it."""
+    other = record(8, mode=other_mode)
+    assert find_violations(True, 7, mode, [other]) == [(CONCURRENT_CAPTURE, other)]
+
+
+def test_concurrent_names_the_first_conflicting_capture() -> None:
+    """Several other threads capturing: the first capture that conflicts is the one named."""
+    quiet = record(8, 1, mode="thread_local")
+    first, second = record(9, 2, mode="global"), record(10, 3, mode="global")
+    assert find_violations(True, 7, "thread_local", [quiet, first, second]) == [
+        (CONCURRENT_CAPTURE, first)
+    ]
 
 
 def test_both_rules_reported_in_order() -> None:
     """Disabled and nested at once: both, the process-wide rule first."""
     mine = record(7)
-    assert find_violations(False, 7, [mine]) == [(CAPTURE_DISABLED, None), (NESTED_CAPTURE, mine)]
+    assert find_violations(False, 7, "global", [mine]) == [
+        (CAPTURE_DISABLED, None),
+        (NESTED_CAPTURE, mine),
+    ]
+
+
+def test_all_three_rules_reported_in_order() -> None:
+    """Disabled, nested and concurrent at once: in that order, each with its own cause."""
+    mine, other = record(7, 1), record(8, 2)
+    assert find_violations(False, 7, "global", [other, mine]) == [
+        (CAPTURE_DISABLED, None),
+        (NESTED_CAPTURE, mine),
+        (CONCURRENT_CAPTURE, other),
+    ]
+
+
+@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
+def test_sync_on_a_capturing_thread_names_its_capture(mode: str) -> None:
+    """A synchronize on a thread with an active capture breaks the rule, naming that capture."""
+    mine = record(7, 2, mode=mode)
+    assert find_sync_violation(7, [record(8, 1), mine]) is mine
+
+
+def test_sync_on_a_thread_not_capturing_is_legal() -> None:
+    """A synchronize on a thread with no capture of its own breaks no rule."""
+    assert find_sync_violation(7, [record(8, 1), record(9, 2, mode="thread_local")]) is None
+
+
+def test_sync_while_opening_a_capture_is_legal() -> None:
+    """The synchronize torch.cuda.graph makes before its capture_begin is not a violation."""
+    assert find_sync_violation(7, [record(7, opening=True)]) is None
+
+
+def test_sync_while_opening_inside_a_capture_names_the_outer() -> None:
+    """Opening a capture inside another: its synchronize breaks the outer capture."""
+    outer = record(7, 1)
+    assert find_sync_violation(7, [record(7, 2, opening=True), outer]) is outer
 
 
 def test_check_begin_returns_the_record_to_activate() -> None:
@@ -117,13 +228,14 @@ def test_disabled_event_is_the_documented_schema(events: list[dict[str, object]]
         f"disabled. torch.cuda.graph at {where_plugin} began a capture; capture was disabled at "
         f"{where_runner}."
     )
-    assert event == {
+    expected = {
         "event": "cgguard.capture_violation",
         "level": "error",
         "rule": "capture_disabled",
         "action": "raised",
         "api": "torch.cuda.graph",
         "message": message,
+        "count": 1,
         "thread": "MainThread",
         "thread_id": threading.get_ident(),
         "pid": os.getpid(),
@@ -131,6 +243,7 @@ def test_disabled_event_is_the_documented_schema(events: list[dict[str, object]]
         "stack": [frame("@plugin", "plugin_captures")],
         "disabled_stack": [frame("@runner", "runner_disables")],
     }
+    assert (expected, list(expected)) == (event, list(event))
     assert str(raised.value) == message
     assert raised.value.event is event
     assert raised.value.rule == "capture_disabled"
@@ -159,7 +272,7 @@ def test_nested_event_is_the_documented_schema(events: list[dict[str, object]]) 
     (event,) = events
     where_plugin = f"{__file__}:{frame('@plugin', 'plugin_captures')['line']} (in plugin_captures)"
     where_outer = f"{__file__}:{frame('@outer', 'outer_begins')['line']} (in outer_begins)"
-    assert event == {
+    expected = {
         "event": "cgguard.capture_violation",
         "level": "warning",
         "rule": "nested_capture",
@@ -170,6 +283,7 @@ def test_nested_event_is_the_documented_schema(events: list[dict[str, object]]) 
             f"began a capture while this thread's capture begun at {where_outer} via "
             "CUDAGraph.capture_begin is still active."
         ),
+        "count": 1,
         "thread": "MainThread",
         "thread_id": threading.get_ident(),
         "pid": os.getpid(),
@@ -177,6 +291,224 @@ def test_nested_event_is_the_documented_schema(events: list[dict[str, object]]) 
         "stack": [frame("@plugin", "plugin_captures")],
         "outer_stack": [frame("@outer", "outer_begins")],
     }
+    assert (expected, list(expected)) == (event, list(event))
+    assert TIMESTAMP.fullmatch(str(event["timestamp"]))
+
+
+def test_concurrent_event_is_the_documented_schema(events: list[dict[str, object]]) -> None:
+    """A capture begun while another thread captures globally: the event names both captures."""
+    cgguard.install()
+    other = CaptureRecord(5, 12345, _guard.API_GRAPH, "global", stack_of(other_begins))
+    _state.active[other.key] = other
+    got = _guard.check_begin(_guard.API_CAPTURE_BEGIN, 6, "thread_local", stack_of(plugin_captures))
+    assert got.key == 6
+    (event,) = events
+    where_plugin = f"{__file__}:{frame('@plugin', 'plugin_captures')['line']} (in plugin_captures)"
+    where_other = f"{__file__}:{frame('@other', 'other_begins')['line']} (in other_begins)"
+    expected = {
+        "event": "cgguard.capture_violation",
+        "level": "warning",
+        "rule": "concurrent_capture",
+        "action": "logged",
+        "api": "CUDAGraph.capture_begin",
+        "message": (
+            f"Concurrent CUDA graph capture: CUDAGraph.capture_begin at {where_plugin} began a "
+            f"capture while thread 12345 has a capture begun at {where_other} via "
+            "torch.cuda.graph, and one of them uses capture_error_mode 'global', in which one "
+            "thread's unsafe call invalidates the other's capture."
+        ),
+        "count": 1,
+        "thread": "MainThread",
+        "thread_id": threading.get_ident(),
+        "pid": os.getpid(),
+        "timestamp": event["timestamp"],
+        "stack": [frame("@plugin", "plugin_captures")],
+        "other_stack": [frame("@other", "other_begins")],
+        "other_thread_id": 12345,
+    }
+    assert (expected, list(expected)[:12]) == (event, list(event)[:12])
+    assert TIMESTAMP.fullmatch(str(event["timestamp"]))
+
+
+def test_sync_event_is_the_documented_schema(events: list[dict[str, object]]) -> None:
+    """A synchronize on a capturing thread: the event says where that thread's capture began."""
+    cgguard.install()
+    mine = CaptureRecord(
+        5, threading.get_ident(), _guard.API_CAPTURE_BEGIN, "global", stack_of(outer_begins)
+    )
+    _state.active[mine.key] = mine
+    user_synchronizes()  # @sync-schema
+    (event,) = events
+    where_user = (
+        f"{__file__}:{frame('@user-sync', 'user_synchronizes')['line']} (in user_synchronizes)"
+    )
+    where_outer = f"{__file__}:{frame('@outer', 'outer_begins')['line']} (in outer_begins)"
+    expected = {
+        "event": "cgguard.capture_violation",
+        "level": "warning",
+        "rule": "sync_during_capture",
+        "action": "logged",
+        "api": "torch.cuda.synchronize",
+        "message": (
+            f"Synchronize during CUDA graph capture: torch.cuda.synchronize at {where_user} "
+            f"synchronizes while this thread's capture begun at {where_outer} via "
+            "CUDAGraph.capture_begin is active; CUDA fails it ('operation not permitted when "
+            "stream is capturing') and invalidates the capture."
+        ),
+        "count": 1,
+        "thread": "MainThread",
+        "thread_id": threading.get_ident(),
+        "pid": os.getpid(),
+        "timestamp": event["timestamp"],
+        "stack": [
+            frame("@sync-schema", "test_sync_event_is_the_documented_schema"),
+            frame("@user-sync", "user_synchronizes"),
+        ],
+        "capture_stack": [frame("@outer", "outer_begins")],
+    }
+    # The stack starts at the caller of the entry point: the user's line is the innermost.
+    shown = {**event, "stack": from_this_file(event["stack"])}
+    assert (expected, list(expected)) == (shown, list(event))
+    assert TIMESTAMP.fullmatch(str(event["timestamp"]))
+
+
+def test_sync_on_a_thread_not_capturing_reports_nothing(events: list[dict[str, object]]) -> None:
+    """A synchronize while only another thread captures: no event, nothing counted."""
+    cgguard.install(cgguard.Config(rules={"sync_during_capture": "raise"}))
+    other = CaptureRecord(5, 12345, _guard.API_GRAPH, "thread_local", stack_of(other_begins))
+    _state.active[other.key] = other
+    user_synchronizes()
+    assert _state.ledger is not None
+    assert (events, _state.ledger.totals()) == ([], {})
+
+
+def test_ranks_come_before_the_timestamp(
+    monkeypatch: pytest.MonkeyPatch, events: list[dict[str, object]]
+) -> None:
+    """RANK, LOCAL_RANK and WORLD_SIZE set: rank, local_rank, world_size, as numbers, after pid."""
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
+    _state.set_flag(False, stack_of(runner_disables))
+    _guard.check_begin(_guard.API_GRAPH, 1, "global", stack_of(plugin_captures))
+    (event,) = events
+    head = ["event", "level", "rule", "action", "api", "message", "count", "thread", "thread_id"]
+    expected = (
+        [*head, "pid", "rank", "local_rank", "world_size", "timestamp"],
+        (os.getpid(), 3, 1, 8),
+    )
+    keys = list(event)
+    assert expected == (
+        keys[: keys.index("timestamp") + 1],
+        (event["pid"], event["rank"], event["local_rank"], event["world_size"]),
+    )
+
+
+def test_only_the_ranks_set_are_reported(
+    monkeypatch: pytest.MonkeyPatch, events: list[dict[str, object]]
+) -> None:
+    """Only RANK set: the event has rank and neither local_rank nor world_size."""
+    monkeypatch.setenv("RANK", "0")
+    cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
+    _state.set_flag(False, None)
+    _guard.check_begin(_guard.API_GRAPH, 1, "global", stack_of(plugin_captures))
+    (event,) = events
+    keys = list(event)
+    expected = (["pid", "rank", "timestamp"], 0)
+    assert expected == (keys[keys.index("pid") : keys.index("timestamp") + 1], event["rank"])
+
+
+def test_count_is_per_site(events: list[dict[str, object]]) -> None:
+    """Each event's count is its count at its site: the rule at one place in the user's code."""
+    cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
+    _state.set_flag(False, None)
+    for stack in (plugin_captures, plugin_captures, other_begins, plugin_captures):
+        _guard.check_begin(_guard.API_GRAPH, 1, "global", stack_of(stack))
+    mine = record(threading.get_ident())
+    _state.active[mine.key] = mine
+    for _ in range(2):
+        user_synchronizes()
+    got = [(e["rule"], e["stack"][-1], e["count"]) for e in events]  # type: ignore[index]
+    plugin, other = frame("@plugin", "plugin_captures"), frame("@other", "other_begins")
+    user = frame("@user-sync", "user_synchronizes")
+    assert got == [
+        ("capture_disabled", plugin, 1),
+        ("capture_disabled", plugin, 2),
+        ("capture_disabled", other, 1),
+        ("capture_disabled", plugin, 3),
+        ("sync_during_capture", user, 1),
+        ("sync_during_capture", user, 2),
+    ]
+    assert _state.ledger is not None
+    assert _state.ledger.totals() == {"capture_disabled": 4, "sync_during_capture": 2}
+
+
+@pytest.mark.parametrize(
+    ("rule", "error"),
+    [
+        ("concurrent_capture", cgguard.ConcurrentCaptureError),
+        ("sync_during_capture", cgguard.SyncDuringCaptureError),
+    ],
+)
+def test_diagnostics_log_in_raise_mode_unless_set_to_raise(
+    rule: str, error: type[cgguard.CaptureViolation], events: list[dict[str, object]]
+) -> None:
+    """concurrent_capture and sync_during_capture log under mode raise; set to raise, they raise."""
+    here = threading.get_ident()
+    cause = record(here if rule == "sync_during_capture" else 12345)
+    cause_stack = "capture_stack" if rule == "sync_during_capture" else "other_stack"
+
+    def attempt() -> None:
+        if rule == "sync_during_capture":
+            user_synchronizes()
+        else:
+            _guard.check_begin(_guard.API_CAPTURE_BEGIN, 2, "global", stack_of(plugin_captures))
+
+    cgguard.install(cgguard.Config(mode="raise", log_file=os.devnull))
+    _state.active[cause.key] = cause
+    attempt()
+    cgguard.install(cgguard.Config(mode="log", rules={rule: "raise"}, log_file=os.devnull))
+    with pytest.raises(error) as raised:
+        attempt()
+    got = [(e["rule"], e["action"], e["level"], e[cause_stack]) for e in events]
+    outer = [frame("@outer", "outer_begins")]
+    assert got == [(rule, "logged", "warning", outer), (rule, "raised", "error", outer)]
+    assert (raised.value.event, raised.value.rule) == (events[1], rule)
+
+
+@pytest.mark.parametrize("mode", ["raise", "log"])
+def test_rule_off_is_silent_and_uncounted(mode: str, events: list[dict[str, object]]) -> None:
+    """Every rule off: a capture breaking them all goes through; no event, nothing counted."""
+    rules = dict.fromkeys(
+        ["capture_disabled", "nested_capture", "concurrent_capture", "sync_during_capture"], "off"
+    )
+    cgguard.install(cgguard.Config(mode=mode, rules=rules))  # type: ignore[arg-type]
+    mine, other = record(threading.get_ident(), 1), record(12345, 2)
+    _state.active.update({1: mine, 2: other})
+    _state.set_flag(False, None)
+    got = _guard.check_begin(_guard.API_GRAPH, 3, "global", stack_of(plugin_captures))
+    user_synchronizes()
+    assert _state.ledger is not None
+    assert (got.key, events, _state.ledger.totals()) == (3, [], {})
+
+
+def test_each_rule_takes_its_own_action(events: list[dict[str, object]]) -> None:
+    """Mode log, nested set to raise, disabled off: only nested is reported, and it raises."""
+    config = cgguard.Config(
+        mode="log", rules={"nested_capture": "raise", "capture_disabled": "off"}
+    )
+    cgguard.install(config)
+    mine, other = record(threading.get_ident(), 1), record(12345, 2)
+    _state.active.update({1: mine, 2: other})
+    _state.set_flag(False, None)
+    with pytest.raises(cgguard.NestedCaptureError) as raised:
+        _guard.check_begin(_guard.API_GRAPH, 3, "global", stack_of(plugin_captures))
+    assert [(e["rule"], e["action"]) for e in events] == [
+        ("nested_capture", "raised"),
+        ("concurrent_capture", "logged"),
+    ]
+    assert raised.value.event is events[0]
 
 
 def test_raise_mode_raises_the_first_and_reports_all(events: list[dict[str, object]]) -> None:
@@ -197,8 +529,22 @@ def test_violations_are_runtime_errors() -> None:
     """Existing ``except RuntimeError`` handlers keep catching cgguard's refusals."""
     assert issubclass(cgguard.CaptureDisabledError, cgguard.CaptureViolation)
     assert issubclass(cgguard.NestedCaptureError, cgguard.CaptureViolation)
+    assert issubclass(cgguard.ConcurrentCaptureError, cgguard.CaptureViolation)
+    assert issubclass(cgguard.SyncDuringCaptureError, cgguard.CaptureViolation)
     assert issubclass(cgguard.CaptureViolation, RuntimeError)
     assert issubclass(cgguard.CaptureViolation, cgguard.CgguardError)
+
+
+def test_each_error_names_its_rule() -> None:
+    """Each violation class carries the name of the rule it stands for."""
+    classes = (
+        cgguard.CaptureDisabledError,
+        cgguard.NestedCaptureError,
+        cgguard.ConcurrentCaptureError,
+        cgguard.SyncDuringCaptureError,
+    )
+    expected = ["capture_disabled", "nested_capture", "concurrent_capture", "sync_during_capture"]
+    assert expected == [cls.rule for cls in classes]
 
 
 def test_internal_error_lets_the_capture_through(
@@ -219,6 +565,26 @@ def test_internal_error_lets_the_capture_through(
     )
 
 
+def test_internal_error_lets_the_synchronize_through(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bug inside the synchronize check is one stderr line, never a crash or a refusal."""
+    cgguard.install(cgguard.Config(rules={"sync_during_capture": "raise"}))
+    mine = record(threading.get_ident())
+    _state.active[mine.key] = mine
+
+    def broken(*args: object) -> None:
+        raise LookupError("sync guard bug")
+
+    monkeypatch.setattr(_guard, "find_sync_violation", broken)
+    for _ in range(2):
+        user_synchronizes()
+    assert capsys.readouterr().err == (
+        "cgguard: internal error while checking a synchronize, not checked: "
+        "LookupError('sync guard bug')\n"
+    )
+
+
 def test_failing_listener_does_not_stop_the_report(
     capsys: pytest.CaptureFixture[str], events: list[dict[str, object]]
 ) -> None:
@@ -235,4 +601,27 @@ def test_failing_listener_does_not_stop_the_report(
     assert len(events) == 1
     assert capsys.readouterr().err == (
         "cgguard: a violation listener failed: ValueError('listener bug')\n"
+    )
+
+
+def test_sync_during_a_relaxed_capture_says_cuda_lets_it_through(
+    events: list[dict[str, object]],
+) -> None:
+    """In relaxed mode CUDA permits the synchronize: the message says so, not that it fails."""
+    cgguard.install()
+    mine = CaptureRecord(
+        5, threading.get_ident(), _guard.API_CAPTURE_BEGIN, "relaxed", stack_of(outer_begins)
+    )
+    _state.active[mine.key] = mine
+    user_synchronizes()
+    (event,) = events
+    where_user = (
+        f"{__file__}:{frame('@user-sync', 'user_synchronizes')['line']} (in user_synchronizes)"
+    )
+    where_outer = f"{__file__}:{frame('@outer', 'outer_begins')['line']} (in outer_begins)"
+    assert event["message"] == (
+        f"Synchronize during CUDA graph capture: torch.cuda.synchronize at {where_user} "
+        f"synchronizes while this thread's capture begun at {where_outer} via "
+        "CUDAGraph.capture_begin is active; in capture_error_mode 'relaxed' CUDA lets it "
+        "through, but it does not wait for the captured work, which has not run."
     )

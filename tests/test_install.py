@@ -60,7 +60,7 @@ def test_install_is_idempotent() -> None:
     once = entry_points()
     cgguard.install()
     assert entry_points() == once
-    assert len(_state.patches) == 3
+    assert len(_state.patches) == 5
 
 
 def test_install_with_config_switches_configuration() -> None:

@@ -30,6 +30,7 @@ def nested_event() -> dict[str, Any]:
         "action": "raised",
         "api": "torch.cuda.graph",
         "message": "a CUDA-graph capture began inside another on thread MainThread",
+        "count": 1,
         "thread": "MainThread",
         "thread_id": 1,
         "pid": 2,
@@ -53,12 +54,61 @@ def disabled_event(disabled_stack: list[dict[str, Any]] | None = None) -> dict[s
         "action": "logged",
         "api": "torch.cuda.graph.capture_begin",
         "message": "a CUDA-graph capture began while capture was disabled",
+        "count": 1,
         "thread": "worker-1",
         "thread_id": 140,
         "pid": 77,
         "timestamp": "2026-01-01T00:00:01.500000Z",
         "stack": [{"file": "f.py", "line": 3, "function": "fn", "code": "x()"}],
         "disabled_stack": disabled_stack,
+    }
+
+
+def concurrent_event() -> dict[str, Any]:
+    """A concurrent-capture violation, logged, from rank 1 of a distributed job."""
+    return {
+        "event": "cgguard.capture_violation",
+        "level": "warning",
+        "rule": "concurrent_capture",
+        "action": "logged",
+        "api": "CUDAGraph.capture_begin",
+        "message": "a CUDA-graph capture began while thread 140 captures in global mode",
+        "count": 1,
+        "thread": "worker-2",
+        "thread_id": 141,
+        "pid": 77,
+        "rank": 1,
+        "local_rank": 1,
+        "world_size": 2,
+        "timestamp": "2026-01-01T00:00:02.000000Z",
+        "stack": [{"file": "w.py", "line": 5, "function": "second", "code": "g.capture_begin()"}],
+        "other_stack": [
+            {"file": "w.py", "line": 2, "function": "first", "code": "with torch.cuda.graph(g):"}
+        ],
+        "other_thread_id": 140,
+    }
+
+
+def sync_event() -> dict[str, Any]:
+    """A synchronize-during-capture violation that was refused, at its third time at its site."""
+    return {
+        "event": "cgguard.capture_violation",
+        "level": "error",
+        "rule": "sync_during_capture",
+        "action": "raised",
+        "api": "torch.cuda.synchronize",
+        "message": "torch.cuda.synchronize() during this thread's capture",
+        "count": 3,
+        "thread": "MainThread",
+        "thread_id": 1,
+        "pid": 2,
+        "timestamp": "2026-01-01T00:00:03.000000Z",
+        "stack": [
+            {"file": "s.py", "line": 8, "function": "step", "code": "torch.cuda.synchronize()"}
+        ],
+        "capture_stack": [
+            {"file": "s.py", "line": 4, "function": "run", "code": "g.capture_begin()"},
+        ],
     }
 
 
@@ -71,6 +121,8 @@ EVENTS = [
     pytest.param(nested_event(), id="nested"),
     pytest.param(disabled_event(), id="disabled-at-start"),
     pytest.param(disabled_event(DISABLER), id="disabled-in-code"),
+    pytest.param(concurrent_event(), id="concurrent"),
+    pytest.param(sync_event(), id="sync"),
 ]
 
 
@@ -175,6 +227,28 @@ CONSOLE_BLOCKS = [
         "    cgguard.set_capture_enabled(False)\n"
         '  File "<string>", line 1, in <module>\n',
         id="disabled-in-code",
+    ),
+    pytest.param(
+        concurrent_event(),
+        "The capture was attempted at (most recent call last):\n"
+        '  File "w.py", line 5, in second\n'
+        "    g.capture_begin()\n"
+        "\n"
+        "The other thread's capture began at (most recent call last):\n"
+        '  File "w.py", line 2, in first\n'
+        "    with torch.cuda.graph(g):\n",
+        id="concurrent",
+    ),
+    pytest.param(
+        sync_event(),
+        "The synchronize was called at (most recent call last):\n"
+        '  File "s.py", line 8, in step\n'
+        "    torch.cuda.synchronize()\n"
+        "\n"
+        "This thread's capture began at (most recent call last):\n"
+        '  File "s.py", line 4, in run\n'
+        "    g.capture_begin()\n",
+        id="sync",
     ),
 ]
 

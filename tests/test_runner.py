@@ -45,6 +45,14 @@ RUNNER_OPTIONS = (
     "cgg.log",
     "--capture",
     "disabled",
+    "--log-target",
+    "file",
+    "--report",
+    "cgg_report.json",
+    "--rule",
+    "nested_capture=off",
+    "--rule",
+    "sync_during_capture=raise",
     "--simulate-cuda",
 )
 NOT_FOUND = "cgguard run: cannot run {!r}: no such file, and no command of that name on PATH\n"
@@ -399,7 +407,12 @@ def environ_and_path(result: Result) -> tuple[dict[str, str], list[str]]:
 def test_environment_of_the_program(tmp_path: Path, old: str | None, expected: str) -> None:
     """Options override CGGUARD_*, others pass, ENABLED=1, bootstrap first on PYTHONPATH."""
     write(tmp_path / "sub" / "cgg_env.py", ENV_PROBE)
-    env = clean_environ(CGGUARD_MODE="raise", CGGUARD_OTHER="x")
+    env = clean_environ(
+        CGGUARD_MODE="raise",
+        CGGUARD_RULE_NESTED_CAPTURE="raise",
+        CGGUARD_RULE_CONCURRENT_CAPTURE="off",
+        CGGUARD_OTHER="x",
+    )
     if old is not None:
         env["PYTHONPATH"] = old
     plain_environ, plain_path = environ_and_path(python(["sub/cgg_env.py"], tmp_path, env))
@@ -411,8 +424,13 @@ def test_environment_of_the_program(tmp_path: Path, old: str | None, expected: s
         "CGGUARD_MODE": "log",
         "CGGUARD_LOG_FORMAT": "json",
         "CGGUARD_LOG_FILE": "cgg.log",
+        "CGGUARD_LOG_TARGET": "file",
+        "CGGUARD_REPORT": "cgg_report.json",
         "CGGUARD_CAPTURE": "disabled",
         "CGGUARD_SIMULATE_CUDA": "1",
+        "CGGUARD_RULE_NESTED_CAPTURE": "off",
+        "CGGUARD_RULE_SYNC_DURING_CAPTURE": "raise",
+        "CGGUARD_RULE_CONCURRENT_CAPTURE": "off",
         "CGGUARD_ENABLED": "1",
         "CGGUARD_OTHER": "x",
         "PYTHONPATH": expected,
@@ -420,6 +438,36 @@ def test_environment_of_the_program(tmp_path: Path, old: str | None, expected: s
     # Only the bootstrap folder is added: no '' and no current directory beyond plain python's.
     assert [plain_path[0], BOOT_DIR, *plain_path[1:]] == runner_path
     assert os.path.isabs(BOOT_DIR)
+
+
+def test_rule_report_and_log_target_reach_the_program(tmp_path: Path) -> None:
+    """--rule (repeatable, also --rule=...), --report, --log-target: their CGGUARD_* variables."""
+    write(tmp_path / "cgg_env.py", ENV_PROBE)
+    env = clean_environ(CGGUARD_RULE_SYNC_DURING_CAPTURE="raise")
+    plain_environ, _ = environ_and_path(python(["cgg_env.py"], tmp_path, env))
+    options = [
+        "--rule",
+        "nested_capture=off",
+        "--report",
+        "r.json",
+        "--log-target",
+        "logging",
+        "--rule",
+        "capture_disabled=log",
+        "--rule=concurrent_capture=raise",
+    ]
+    runner_environ, _ = environ_and_path(python([*RUNNER, *options, "cgg_env.py"], tmp_path, env))
+    assert {
+        **plain_environ,
+        "CGGUARD_RULE_NESTED_CAPTURE": "off",
+        "CGGUARD_RULE_CAPTURE_DISABLED": "log",
+        "CGGUARD_RULE_CONCURRENT_CAPTURE": "raise",
+        "CGGUARD_RULE_SYNC_DURING_CAPTURE": "raise",
+        "CGGUARD_REPORT": "r.json",
+        "CGGUARD_LOG_TARGET": "logging",
+        "CGGUARD_ENABLED": "1",
+        "PYTHONPATH": BOOT_DIR,
+    } == runner_environ
 
 
 def test_runner_inside_runner_adds_the_bootstrap_once(tmp_path: Path) -> None:
@@ -598,6 +646,12 @@ def test_existing_file_wins_over_a_command_on_path(tmp_path: Path) -> None:
     assert expected == result
 
 
+RULE_ERROR = (
+    "cgguard run: error: argument --rule: '{}': accepted values are RULE=ACTION with RULE one of "
+    "capture_disabled, nested_capture, concurrent_capture, sync_during_capture and ACTION one of "
+    "raise, log, off\n"
+)
+
 MARKER = """\
 import pathlib
 pathlib.Path("cgg_ran").write_text("ran")
@@ -624,6 +678,51 @@ ERRORS = [
         ("run", "--log-file"),
         USAGE.encode() + b"cgguard run: error: argument --log-file: expected one argument\n",
         id="option without its value",
+    ),
+    pytest.param(
+        ("run", "--log-target", "syslog", "cgg_marker.py"),
+        USAGE.encode()
+        + invalid_choice("cgguard run", "--log-target", ("stderr", "file", "logging"), "syslog"),
+        id="invalid --log-target",
+    ),
+    pytest.param(
+        ("run", "--rule", "bogus=x", "cgg_marker.py"),
+        USAGE.encode() + RULE_ERROR.format("bogus=x").encode(),
+        id="unknown rule",
+    ),
+    pytest.param(
+        ("run", "--rule", "nested_capture=warn", "cgg_marker.py"),
+        USAGE.encode() + RULE_ERROR.format("nested_capture=warn").encode(),
+        id="unknown action",
+    ),
+    pytest.param(
+        ("run", "--rule", "nested_capture", "cgg_marker.py"),
+        USAGE.encode() + RULE_ERROR.format("nested_capture").encode(),
+        id="rule without its action",
+    ),
+    pytest.param(
+        (
+            "run",
+            "--mode",
+            "log",
+            "--rule",
+            "nested_capture=off",
+            "--rule",
+            "x=off",
+            "cgg_marker.py",
+        ),
+        USAGE.encode() + RULE_ERROR.format("x=off").encode(),
+        id="one bad rule among good ones",
+    ),
+    pytest.param(
+        ("run", "--rule"),
+        USAGE.encode() + b"cgguard run: error: argument --rule: expected one argument\n",
+        id="--rule without its value",
+    ),
+    pytest.param(
+        ("run", "--report"),
+        USAGE.encode() + b"cgguard run: error: argument --report: expected one argument\n",
+        id="--report without its value",
     ),
     pytest.param(("run", "nope.py"), NOT_FOUND.format("nope.py").encode(), id="missing script"),
     pytest.param(
@@ -709,19 +808,25 @@ def test_program_importing_torch_is_guarded_as_configured(tmp_path: Path) -> Non
         [*RUNNER, *RUNNER_OPTIONS, "cgg_torch.py"], tmp_path, clean_environ()
     )
     state = {
-        "patches": 3,
+        "patches": 5,
         "installed": True,
         "config": {
             "mode": "log",
+            "rules": {"nested_capture": "off", "sync_during_capture": "raise"},
             "log_format": "json",
             "log_file": "cgg.log",
+            "log_target": "file",
+            "report": "cgg_report.json",
             "capture": "disabled",
             "simulate_cuda": True,
+            "vllm_bridge": True,
         },
         "capture_enabled": False,
     }
     # --simulate-cuda: the capture runs on CPU; --capture disabled: it is a violation;
-    # --mode log: the program goes on; --log-file and --log-format json: one JSON line there.
+    # --mode log: the program goes on; --log-file, --log-target file and --log-format json:
+    # JSON lines there (the violation, then the exit summary); --report: the report file;
+    # --rule sync_during_capture=raise: torch.cuda.graph's own synchronize is no violation.
     expected = (0, [state, "captured"], SIMULATION_NOTICE)
     lines = out.splitlines()
     assert expected == (returncode, [loads(lines[0]), *(x.decode() for x in lines[1:])], err)
@@ -741,12 +846,26 @@ def test_program_importing_torch_is_guarded_as_configured(tmp_path: Path) -> Non
         ],
     }
     logged = [json.loads(line) for line in (tmp_path / "cgg.log").read_text().splitlines()]
-    assert [event] == [{field: e.get(field) for field in fields} for e in logged]
+    expected_log = (["cgguard.capture_violation", "cgguard.summary"], event)
+    assert expected_log == (
+        [e["event"] for e in logged],
+        {field: logged[0].get(field) for field in fields},
+    )
+    report = json.loads((tmp_path / "cgg_report.json").read_text())
+    assert ({"capture_disabled": 1}, state["config"]) == (report["totals"], report["config"])
 
 
 def test_info_reports_versions_configuration_and_activation(tmp_path: Path) -> None:
     """``cgguard info``: versions, each setting and its source, warnings, a patched child."""
-    env = clean_environ(CGGUARD_MODE="log", CGGUARD_CAPTURE="sometimes")
+    env = clean_environ(
+        CGGUARD_MODE="log",
+        CGGUARD_CAPTURE="sometimes",
+        CGGUARD_LOG_TARGET="logging",
+        CGGUARD_REPORT="cgg_report.json",
+        CGGUARD_VLLM_BRIDGE="0",
+        CGGUARD_RULE_SYNC_DURING_CAPTURE="raise",
+        CGGUARD_RULE_NESTED_CAPTURE="warn",
+    )
     folders = dict.fromkeys([*site.getsitepackages(), site.getusersitepackages()])
     pth_lines = []
     for folder in folders:
@@ -766,16 +885,55 @@ def test_info_reports_versions_configuration_and_activation(tmp_path: Path) -> N
         "  enabled        (unset)      (CGGUARD_ENABLED)",
         "  mode           log          (CGGUARD_MODE)",
         "  log_format     json, or console when stderr is a terminal (default)",
-        "  log_file       stderr       (default)",
+        "  log_file       none         (default)",
+        "  log_target     logging      (CGGUARD_LOG_TARGET)",
+        "  report         cgg_report.json (CGGUARD_REPORT)",
         "  capture        as it is (enabled at start) (default)",
         "  simulate_cuda  False        (default)",
+        "  vllm_bridge    False        (CGGUARD_VLLM_BRIDGE)",
+        "  rule           capture_disabled: log (default)",
+        "  rule           nested_capture: log (default)",
+        "  rule           concurrent_capture: log (default)",
+        "  rule           sync_during_capture: raise (CGGUARD_RULE_SYNC_DURING_CAPTURE)",
         "  warning: ignoring CGGUARD_CAPTURE='sometimes': accepted values are enabled, disabled",
+        "  warning: ignoring CGGUARD_RULE_NESTED_CAPTURE='warn': "
+        "accepted values are raise, log, off",
         "",
         "activation:",
         *pth_lines,
         f"  bootstrap      {BOOT_DIR} (present)",
-        f"  child          torch's 3 capture entry points patched (activated by {activated_by()})",
+        f"  child          torch's 5 entry points patched (activated by {activated_by()})",
     ]
     returncode, out, err = python(["-m", "cgguard", "info"], tmp_path, env)
     expected = (0, lines, b"")
     assert expected == (returncode, out.decode().splitlines(), err)
+
+
+def test_info_shows_an_ignored_file_target_as_ignored(tmp_path: Path) -> None:
+    """``cgguard info`` with CGGUARD_LOG_TARGET=file and no log file: default, and the warning."""
+    env = clean_environ(CGGUARD_LOG_TARGET="file")
+    returncode, out, err = python(["-m", "cgguard", "info"], tmp_path, env)
+    lines = out.decode().splitlines()
+    start = lines.index("configuration (from the environment):") + 1
+    configuration = lines[start : lines.index("", start)]
+    expected = (
+        0,
+        [
+            "  enabled        (unset)      (CGGUARD_ENABLED)",
+            "  mode           raise        (default)",
+            "  log_format     json, or console when stderr is a terminal (default)",
+            "  log_file       none         (default)",
+            "  log_target     stderr       (default)",
+            "  report         none         (default)",
+            "  capture        as it is (enabled at start) (default)",
+            "  simulate_cuda  False        (default)",
+            "  vllm_bridge    True         (default)",
+            "  rule           capture_disabled: raise (default)",
+            "  rule           nested_capture: raise (default)",
+            "  rule           concurrent_capture: log (default)",
+            "  rule           sync_during_capture: log (default)",
+            "  warning: ignoring CGGUARD_LOG_TARGET='file': CGGUARD_LOG_FILE is not set",
+        ],
+        b"",
+    )
+    assert expected == (returncode, configuration, err)

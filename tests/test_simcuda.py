@@ -58,6 +58,10 @@ WATCHED = [
     (torch.cuda.streams, "Stream"),
     (torch.cuda.streams, "Event"),
     (torch._C, "_host_emptyCache"),
+    (torch._C, "_cuda_synchronize"),
+    (torch.cuda, "_lazy_init"),
+    (torch.cuda, "_exchange_device"),
+    (torch.cuda, "_maybe_exchange_device"),
     (torch.cuda.graphs.graph, "default_capture_stream"),
 ]
 

@@ -1,0 +1,128 @@
+"""Cost of a violation storm: capture attempts at one site while capture is disabled, in one run.
+
+Runs on cgguard's simulated CUDA runtime (no GPU work) in log mode, events to os.devnull. Times
+``with torch.cuda.graph(g)`` at one site while capture is disabled (each attempt a violation,
+all after the first reported briefly at most) and while it is enabled (no violation), interleaved
+in rounds; the difference is cgguard's cost per repeated violation. Then runs the storm again
+under tracemalloc and measures the growth of cgguard's own allocations (the simulated driver,
+which records every call, excluded). Targets: at most 20 us added per violation after the
+first, at most 5 MiB of growth.
+
+    python benchmarks/violation_storm.py [--attempts N] [--rounds R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+import tracemalloc
+
+import torch
+
+import cgguard
+from cgguard import _state
+from cgguard.testing import simulated_cuda
+
+TARGET_US = 20.0
+TARGET_MIB = 5.0
+CGGUARD_DIR = os.path.dirname(os.path.abspath(cgguard.__file__))
+# cgguard's own files, less the simulated driver: it keeps a record of every call it is asked.
+OWN_FILES = [
+    tracemalloc.Filter(True, os.path.join(CGGUARD_DIR, "*")),
+    tracemalloc.Filter(False, os.path.join(CGGUARD_DIR, "_simcuda.py")),
+]
+
+
+def attempt_captures(graphs: list[torch.cuda.CUDAGraph]) -> None:
+    """One capture attempt per graph, every one at the same site (this function's loop)."""
+    for g in graphs:
+        with torch.cuda.graph(g):
+            pass
+
+
+def time_attempts(count: int, enabled: bool) -> float:
+    """Seconds per capture attempt over ``count`` fresh graphs, capture enabled or disabled."""
+    # A fresh runtime each time: the simulated driver records every call, and a record that
+    # grew over earlier rounds would make later rounds slower for reasons of its own.
+    with simulated_cuda():
+        graphs = [torch.cuda.CUDAGraph() for _ in range(count)]
+        cgguard.set_capture_enabled(enabled)
+        gc.collect()
+        gc.disable()  # as timeit does: a collection landing in one side only is noise
+        try:
+            start = time.perf_counter()
+            attempt_captures(graphs)
+            elapsed = time.perf_counter() - start
+        finally:
+            gc.enable()
+            cgguard.set_capture_enabled(True)
+    return elapsed / count
+
+
+def storm_growth(count: int, rounds: int) -> int:
+    """Bytes by which cgguard's own allocations grow over ``rounds`` storms of ``count``."""
+    tracemalloc.start()
+    try:
+        gc.collect()
+        before = tracemalloc.take_snapshot().filter_traces(OWN_FILES)
+        for _ in range(rounds):
+            time_attempts(count, enabled=False)
+        gc.collect()
+        after = tracemalloc.take_snapshot().filter_traces(OWN_FILES)
+    finally:
+        tracemalloc.stop()
+    return sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--attempts", type=int, default=100_000, help="attempts per side")
+    parser.add_argument("--rounds", type=int, default=10, help="rounds of each, interleaved")
+    args = parser.parse_args()
+    per_round = args.attempts // args.rounds
+    # Installed once for the whole run: one ledger, so that every timed violation is a repeat
+    # at a site already reported in full (by the warm-up).
+    cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
+    try:
+        time_attempts(1_000, enabled=False)  # warm-up: lazy imports, and the site's first event
+        enabled: list[float] = []
+        disabled: list[float] = []
+        for i in range(args.rounds):
+            # Interleaved, alternating which goes first, so that drift hits both sides alike.
+            for disabled_first in (i % 2 == 0, i % 2 == 1):
+                (disabled if disabled_first else enabled).append(
+                    time_attempts(per_round, enabled=not disabled_first)
+                )
+        growth = storm_growth(per_round, args.rounds)
+        assert _state.ledger is not None  # noqa: S101 - installed above
+        sites = len(_state.ledger.sites())
+        violations = sum(_state.ledger.totals().values())
+    finally:
+        cgguard.uninstall()
+    enabled_us = statistics.median(enabled) * 1e6
+    disabled_us = statistics.median(disabled) * 1e6
+    added = disabled_us - enabled_us
+    storm = per_round * args.rounds
+    print(f"storm: {args.rounds} rounds x {per_round} attempts each side, simulated CUDA runtime")
+    print(f"capture enabled:  {enabled_us:8.2f} us per attempt (no violation; median of rounds)")
+    print(f"capture disabled: {disabled_us:8.2f} us per attempt (a repeated violation)")
+    print(f"added:            {added:8.2f} us per repeated violation (target <= {TARGET_US} us)")
+    print(
+        f"memory:           {growth / 2**10:8.1f} KiB growth of cgguard's own allocations "
+        f"over {storm} violations (target <= {TARGET_MIB} MiB)"
+    )
+    print(f"ledger:           {sites} site, {violations} violations counted")
+    # Every attempt timed as a violation was one, at the one site.
+    expected = 1_000 + 2 * storm
+    if sites != 1 or violations != expected:
+        print(f"unexpected ledger: expected 1 site and {expected} violations")
+        return 1
+    return 0 if added <= TARGET_US and growth <= TARGET_MIB * 2**20 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,940 @@
+"""Production reporting end to end: bounded logging, the exit summary, the JSON report and the
+logging target, in one process and across many."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+import cgguard
+from cgguard import _guard, _state, _summary, _warn
+from cgguard._frames import snapshot
+from cgguard._guard import CaptureRecord, check_begin
+from cgguard.testing import capture_violations
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from cgguard._frames import Snapshot
+    from cgguard.testing import SimulatedCuda
+
+API = "torch.cuda.graph"
+DISABLED_SENTENCE = (
+    "CUDA graph capturing detected at an inappropriate time. This operation is currently disabled."
+)
+SOURCE = Path(__file__).read_text().splitlines()
+TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+# The keys of a first (full) capture_disabled event, and of a brief repeat.
+FULL_KEYS = {
+    "event",
+    "level",
+    "rule",
+    "action",
+    "api",
+    "message",
+    "count",
+    "thread",
+    "thread_id",
+    "pid",
+    "timestamp",
+    "stack",
+    "disabled_stack",
+}
+BRIEF_KEYS = FULL_KEYS - {"stack", "disabled_stack"} | {"site"}
+
+# Shared by the programs run in subprocesses: each call of violate() is a capture_disabled
+# violation whose site is the line that calls it.
+PRELUDE = """\
+import json
+import os
+import signal
+import sys
+import threading
+
+import cgguard
+from cgguard._frames import snapshot
+from cgguard._guard import check_begin
+
+
+def violate():
+    check_begin("torch.cuda.graph", 1, "global", snapshot(1)[:2])
+
+
+print(json.dumps({"pid": os.getpid(), "thread_id": threading.get_ident()}), flush=True)
+"""
+
+
+def line_of(marker: str, source: list[str] = SOURCE) -> int:
+    """The line of ``source`` (this file by default) that ends with the comment ``# marker``."""
+    (line,) = [n for n, text in enumerate(source, 1) if text.endswith(f"# {marker}")]
+    return line
+
+
+def frame(
+    marker: str, function: str, *, file: str = __file__, source: list[str] = SOURCE
+) -> dict[str, Any]:
+    """The rendered frame cgguard must report for the line marked ``marker``."""
+    line = line_of(marker, source)
+    return {"file": file, "line": line, "function": function, "code": source[line - 1].strip()}
+
+
+def where(site: dict[str, Any]) -> str:
+    return f"{site['file']}:{site['line']} (in {site['function']})"
+
+
+def here() -> Snapshot:
+    """A one-frame stack: the caller, at the line that calls this."""
+    return snapshot(1)[:2]
+
+
+def violate(stack: Snapshot) -> None:
+    check_begin(API, 1, "global", stack)
+
+
+def disabled_event(
+    site: dict[str, Any], count: int, *, action: str = "logged", **context: object
+) -> dict[str, Any]:
+    """A full capture_disabled event (without its timestamp), capture disabled by config."""
+    return {
+        "event": "cgguard.capture_violation",
+        "level": "error" if action == "raised" else "warning",
+        "rule": "capture_disabled",
+        "action": action,
+        "api": API,
+        "message": f"{DISABLED_SENTENCE} {API} at {where(site)} began a capture; capture was "
+        "disabled by cgguard's configuration at start.",
+        "count": count,
+        "thread": "MainThread",
+        "thread_id": threading.get_ident(),
+        "pid": os.getpid(),
+        "stack": [site],
+        "disabled_stack": None,
+        **context,
+    }
+
+
+def nested_event(
+    site: dict[str, Any], outer: dict[str, Any], count: int, **context: object
+) -> dict[str, Any]:
+    """A full nested_capture event (without its timestamp), logged."""
+    return {
+        "event": "cgguard.capture_violation",
+        "level": "warning",
+        "rule": "nested_capture",
+        "action": "logged",
+        "api": API,
+        "message": f"Nested CUDA graph capture is not supported: {API} at {where(site)} began a "
+        f"capture while this thread's capture begun at {where(outer)} via {API} is still active.",
+        "count": count,
+        "thread": "MainThread",
+        "thread_id": threading.get_ident(),
+        "pid": os.getpid(),
+        "stack": [site],
+        "outer_stack": [outer],
+        **context,
+    }
+
+
+def brief_event(
+    site: dict[str, Any], count: int, *, rule: str = "capture_disabled", **context: object
+) -> dict[str, Any]:
+    """A brief repeat event (without its timestamp): the count and the site, no stacks."""
+    return {
+        "event": "cgguard.capture_violation",
+        "level": "warning",
+        "rule": rule,
+        "action": "logged",
+        "api": API,
+        "message": f"repeated {count} times at {where(site)}",
+        "count": count,
+        "thread": "MainThread",
+        "thread_id": threading.get_ident(),
+        "pid": os.getpid(),
+        "site": site,
+        **context,
+    }
+
+
+def summary_event(
+    totals: dict[str, int], sites: list[dict[str, Any]], **context: object
+) -> dict[str, Any]:
+    """The exit summary (without its timestamp)."""
+    return {
+        "event": "cgguard.summary",
+        "level": "warning",
+        "pid": os.getpid(),
+        "totals": totals,
+        "sites": sites,
+        **context,
+    }
+
+
+def summary_site(site: dict[str, Any], count: int) -> dict[str, Any]:
+    return {
+        "rule": "capture_disabled",
+        "count": count,
+        "file": site["file"],
+        "line": site["line"],
+        "function": site["function"],
+    }
+
+
+def stamped(event: dict[str, Any], key: str = "timestamp") -> dict[str, Any]:
+    """``event`` without its timestamp, once the timestamp is checked to be ISO 8601 UTC."""
+    assert TIMESTAMP.fullmatch(event[key]), event[key]
+    return {k: v for k, v in event.items() if k != key}
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """Every line of a JSON log file, parsed (none if the file was never written)."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    assert text == "" or text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def read_report(path: Path) -> dict[str, Any]:
+    """A JSON report, without its ``written_at`` (checked to be ISO 8601 UTC)."""
+    return stamped(json.loads(path.read_text()), "written_at")
+
+
+def report_document(
+    config: dict[str, Any],
+    totals: dict[str, int],
+    violations: list[dict[str, Any]],
+    **context: object,
+) -> dict[str, Any]:
+    """The JSON report the spec describes (without ``written_at``)."""
+    return {
+        "cgguard": cgguard.__version__,
+        "python": platform.python_version(),
+        "torch": importlib.metadata.version("torch"),
+        "pid": os.getpid(),
+        "config": config,
+        "totals": totals,
+        "violations": violations,
+        **context,
+    }
+
+
+def config_section(**values: object) -> dict[str, Any]:
+    """A report's ``config``: every Config field, defaults unless given."""
+    return {
+        "mode": "raise",
+        "rules": {},
+        "log_format": None,
+        "log_file": None,
+        "log_target": None,
+        "report": None,
+        "capture": None,
+        "simulate_cuda": False,
+        "vllm_bridge": True,
+        **values,
+    }
+
+
+def child_environ(**extra: str) -> dict[str, str]:
+    """This environment without any CGGUARD_* or rank variable, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CGGUARD_")} | extra
+    for name in RANK_VARIABLES:
+        if name not in extra:
+            env.pop(name, None)
+    return env
+
+
+def run_program(
+    path: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(path), *args],
+        env=env if env is not None else child_environ(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def write_program(folder: Path, name: str, body: str) -> tuple[Path, list[str]]:
+    """A program file (named so it shadows no module) and its lines, for line_of and frame."""
+    path = folder / name
+    path.write_text(body)
+    return path, body.splitlines()
+
+
+@pytest.fixture(autouse=True)
+def _quiet_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No rank variables unless a test sets them; warn_once remembers nothing said before."""
+    for name in RANK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(_warn, "_said", set())
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def cgguard_records() -> Iterator[list[logging.LogRecord]]:
+    """The records the standard library logger "cgguard" handles; the logger restored after."""
+    logger = logging.getLogger("cgguard")
+    handler = _Records()
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    logger.addHandler(handler)
+    yield handler.records
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+    logger.propagate = propagate
+
+
+# --- bounded logging ------------------------------------------------------------------------
+
+
+def test_repeats_at_one_site_are_logged_briefly_at_powers_of_two(tmp_path: Path) -> None:
+    """20 violations at one site: the log has the first in full, then brief lines at 2, 4, 8, 16."""
+    log = tmp_path / "events.jsonl"
+    cgguard.install(cgguard.Config(mode="log", log_file=str(log), capture="disabled"))
+    with capture_violations() as seen:
+        for _ in range(20):
+            violate(here())  # storm
+    site = frame("storm", "test_repeats_at_one_site_are_logged_briefly_at_powers_of_two")
+    logged = read_events(log)
+    assert [set(event) for event in logged] == [FULL_KEYS] + [BRIEF_KEYS] * 4
+    assert [stamped(event) for event in logged] == [
+        disabled_event(site, 1),
+        brief_event(site, 2),
+        brief_event(site, 4),
+        brief_event(site, 8),
+        brief_event(site, 16),
+    ]
+    # Listeners see every violation, each in full.
+    assert [stamped(event) for event in seen] == [disabled_event(site, n) for n in range(1, 21)]
+
+
+def test_each_site_gets_its_own_first_full_event(tmp_path: Path) -> None:
+    """Two call sites interleaved: each is reported in full once, and counted on its own."""
+    log = tmp_path / "events.jsonl"
+    cgguard.install(cgguard.Config(mode="log", log_file=str(log), capture="disabled"))
+    for _ in range(3):
+        violate(here())  # site-a
+        violate(here())  # site-b
+    function = "test_each_site_gets_its_own_first_full_event"
+    a, b = frame("site-a", function), frame("site-b", function)
+    assert [stamped(event) for event in read_events(log)] == [
+        disabled_event(a, 1),
+        disabled_event(b, 1),
+        brief_event(a, 2),
+        brief_event(b, 2),
+    ]
+
+
+def test_another_rule_at_the_same_line_is_another_site(tmp_path: Path) -> None:
+    """One line breaking two rules at once: each rule has its own first full event and count."""
+    log = tmp_path / "events.jsonl"
+    cgguard.install(cgguard.Config(mode="log", log_file=str(log), capture="disabled"))
+    outer_stack = here()  # outer
+    _state.active[7] = CaptureRecord(7, threading.get_ident(), API, "global", outer_stack)
+    for _ in range(2):
+        violate(here())  # two-rules
+    function = "test_another_rule_at_the_same_line_is_another_site"
+    site, outer = frame("two-rules", function), frame("outer", function)
+    assert [stamped(event) for event in read_events(log)] == [
+        disabled_event(site, 1),
+        nested_event(site, outer, 1),
+        brief_event(site, 2),
+        brief_event(site, 2, rule="nested_capture"),
+    ]
+    assert _state.ledger is not None
+    assert _state.ledger.totals() == {"capture_disabled": 2, "nested_capture": 2}
+
+
+def test_raise_mode_always_raises_with_the_full_event(tmp_path: Path) -> None:
+    """In raise mode every refusal at one site carries the full event, repeats included."""
+    log = tmp_path / "events.jsonl"
+    cgguard.install(cgguard.Config(mode="raise", log_file=str(log), capture="disabled"))
+    raised = []
+    for _ in range(3):
+        with pytest.raises(cgguard.CaptureDisabledError) as caught:
+            violate(here())  # raising
+        raised.append(stamped(caught.value.event))
+    site = frame("raising", "test_raise_mode_always_raises_with_the_full_event")
+    assert raised == [disabled_event(site, n, action="raised") for n in (1, 2, 3)]
+    assert [stamped(event) for event in read_events(log)] == [
+        disabled_event(site, 1, action="raised"),
+        brief_event(site, 2) | {"level": "error", "action": "raised"},
+    ]
+
+
+@pytest.mark.simulated
+def test_a_capture_storm_on_the_simulated_runtime_is_bounded(
+    tmp_path: Path, simulated_cuda_runtime: SimulatedCuda
+) -> None:
+    """torch.cuda.graph in a loop while disabled: one full line, brief ones at 2, 4, 8, 16."""
+    import torch
+
+    log = tmp_path / "events.jsonl"
+    cgguard.install(cgguard.Config(mode="log", log_file=str(log)))
+    cgguard.set_capture_enabled(False)
+    with capture_violations() as seen:
+        for _ in range(20):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):  # simulated-storm
+                pass
+    site = frame("simulated-storm", "test_a_capture_storm_on_the_simulated_runtime_is_bounded")
+    logged = read_events(log)
+    assert [(set(e), e["count"]) for e in logged] == [(FULL_KEYS, 1)] + [
+        (BRIEF_KEYS, n) for n in (2, 4, 8, 16)
+    ]
+    assert logged[0]["stack"][-1] == site
+    assert [e["site"] for e in logged[1:]] == [site] * 4
+    full: list[dict[str, Any]] = seen
+    assert [(set(e), e["count"], e["stack"][-1]) for e in full] == [
+        (FULL_KEYS, n, site) for n in range(1, 21)
+    ]
+
+
+def test_a_repeat_during_the_first_report_still_names_its_site(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A repeat counted while another thread still renders the site's first event names the site."""
+    log = tmp_path / "events.jsonl"
+    cgguard.install(cgguard.Config(mode="log", log_file=str(log), capture="disabled"))
+    rendering, repeated = threading.Event(), threading.Event()
+    render = _guard._event
+
+    def slow_render(*args: Any, **kwargs: Any) -> dict[str, object]:
+        rendering.set()
+        repeated.wait(timeout=2)
+        return render(*args, **kwargs)
+
+    monkeypatch.setattr(_guard, "_event", slow_render)
+    stack = here()  # racing
+    first = threading.Thread(target=violate, args=(stack,))
+    first.start()
+    assert rendering.wait(timeout=10)
+    violate(stack)  # counted 2 while the first is still being rendered
+    repeated.set()
+    first.join(timeout=10)
+    site = frame("racing", "test_a_repeat_during_the_first_report_still_names_its_site")
+    (brief,) = [event for event in read_events(log) if event["count"] == 2]
+    assert stamped(brief) == brief_event(site, 2)
+
+
+def test_a_storm_of_ten_thousand_keeps_one_site_and_fourteen_lines(tmp_path: Path) -> None:
+    """10,000 violations at one site: one ledger site, log lines at counts 1, 2, 4, ..., 8192."""
+    log = tmp_path / "events.jsonl"
+    cgguard.install(cgguard.Config(mode="log", log_file=str(log), capture="disabled"))
+    for _ in range(10_000):
+        violate(here())  # big-storm
+    assert _state.ledger is not None
+    assert len(_state.ledger.sites()) == 1
+    assert _state.ledger.totals() == {"capture_disabled": 10_000}
+    assert [event["count"] for event in read_events(log)] == [2**n for n in range(14)]
+
+
+# --- exit summary and the report at exit ----------------------------------------------------
+
+SUMMARY_PROGRAM = (
+    PRELUDE
+    + """
+cgguard.install(
+    cgguard.Config(mode="log", log_file=sys.argv[1], report=sys.argv[2], capture="disabled")
+)
+for _ in range(3):
+    violate()  # summary-a
+violate()  # summary-b
+"""
+)
+
+
+def test_exit_summary_and_final_report(tmp_path: Path) -> None:
+    """At normal exit: the summary is the log's last line, the report holds the final counts."""
+    program, source = write_program(tmp_path, "violating_program.py", SUMMARY_PROGRAM)
+    log, folder = tmp_path / "events.jsonl", tmp_path / "reports"
+    folder.mkdir()
+    template = str(folder / "r-{pid}.json")
+    env = child_environ(RANK="3", LOCAL_RANK="1", WORLD_SIZE="8")
+    result = run_program(program, str(log), template, env=env)
+    assert (result.returncode, result.stderr) == (0, "")
+    child = json.loads(result.stdout)
+    context = {**child, "rank": 3, "local_rank": 1, "world_size": 8}
+    a = frame("summary-a", "<module>", file=str(program), source=source)
+    b = frame("summary-b", "<module>", file=str(program), source=source)
+    assert [stamped(event) for event in read_events(log)] == [
+        disabled_event(a, 1, **context),
+        brief_event(a, 2, **context),
+        disabled_event(b, 1, **context),
+        summary_event(
+            {"capture_disabled": 4},
+            [summary_site(a, 3), summary_site(b, 1)],
+            pid=child["pid"],
+            rank=3,
+            local_rank=1,
+            world_size=8,
+        ),
+    ]
+    assert os.listdir(folder) == [f"r-{child['pid']}.json"]
+    report = read_report(folder / f"r-{child['pid']}.json")
+    report["violations"] = [v | {"first": stamped(v["first"])} for v in report["violations"]]
+    assert report == report_document(
+        config_section(mode="log", log_file=str(log), report=template, capture="disabled"),
+        {"capture_disabled": 4},
+        [
+            {"rule": "capture_disabled", "count": 3, "first": disabled_event(a, 1, **context)},
+            {"rule": "capture_disabled", "count": 1, "first": disabled_event(b, 1, **context)},
+        ],
+        pid=child["pid"],
+        rank=3,
+        local_rank=1,
+        world_size=8,
+    )
+
+
+QUIET_PROGRAM = (
+    PRELUDE
+    + """
+cgguard.install(cgguard.Config(mode="log", log_file=sys.argv[1], report=sys.argv[2]))
+"""
+)
+
+
+def test_no_summary_without_a_violation(tmp_path: Path) -> None:
+    """A run without a violation logs nothing at exit; its report says so."""
+    program, _ = write_program(tmp_path, "quiet_program.py", QUIET_PROGRAM)
+    log, report = tmp_path / "events.jsonl", tmp_path / "report.json"
+    result = run_program(program, str(log), str(report))
+    assert (result.returncode, result.stderr) == (0, "")
+    child = json.loads(result.stdout)
+    assert read_events(log) == []
+    assert read_report(report) == report_document(
+        config_section(mode="log", log_file=str(log), report=str(report)),
+        {},
+        [],
+        pid=child["pid"],
+    )
+
+
+# --- the JSON report while running ----------------------------------------------------------
+
+
+def test_report_is_kept_current_as_distinct_violations_appear(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The report is rewritten at each new site, before exit, and at uninstall; ranks as ints."""
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    ranks: dict[str, Any] = {"rank": 2, "local_rank": 0, "world_size": 4}
+    log, folder = tmp_path / "events.jsonl", tmp_path / "reports"
+    folder.mkdir()
+    template = str(folder / "r-{pid}.json")
+    report = folder / f"r-{os.getpid()}.json"
+    cgguard.install(
+        cgguard.Config(
+            mode="log",
+            log_file=str(log),
+            report=template,
+            capture="disabled",
+            rules={"sync_during_capture": "off"},
+        )
+    )
+    config = config_section(
+        mode="log",
+        log_file=str(log),
+        report=template,
+        capture="disabled",
+        rules={"sync_during_capture": "off"},
+    )
+    function = "test_report_is_kept_current_as_distinct_violations_appear"
+    a, b = frame("report-a", function), frame("report-b", function)
+    first_a, first_b = disabled_event(a, 1, **ranks), disabled_event(b, 1, **ranks)
+    seen = []
+
+    def current() -> dict[str, Any]:
+        document = read_report(report)
+        document["violations"] = [
+            v | {"first": stamped(v["first"])} for v in document["violations"]
+        ]
+        return document
+
+    for n in range(3):
+        violate(here())  # report-a
+        if n == 0:
+            seen.append(current())
+    for n in range(2):
+        violate(here())  # report-b
+        if n == 0:
+            seen.append(current())
+    cgguard.uninstall()
+    seen.append(current())
+    assert seen == [
+        report_document(
+            config,
+            {"capture_disabled": 1},
+            [{"rule": "capture_disabled", "count": 1, "first": first_a}],
+            **ranks,
+        ),
+        report_document(
+            config,
+            {"capture_disabled": 4},
+            [
+                {"rule": "capture_disabled", "count": 3, "first": first_a},
+                {"rule": "capture_disabled", "count": 1, "first": first_b},
+            ],
+            **ranks,
+        ),
+        report_document(
+            config,
+            {"capture_disabled": 5},
+            [
+                {"rule": "capture_disabled", "count": 3, "first": first_a},
+                {"rule": "capture_disabled", "count": 2, "first": first_b},
+            ],
+            **ranks,
+        ),
+    ]
+    # The events carry the ranks too; the rewrites left no temporary file behind.
+    assert [stamped(event) for event in read_events(log)] == [
+        first_a,
+        brief_event(a, 2, **ranks),
+        first_b,
+        brief_event(b, 2, **ranks),
+    ]
+    assert os.listdir(folder) == [report.name]
+
+
+def test_report_never_goes_back_to_an_older_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two threads finding new sites at once: the report ends up holding both sites."""
+    report = tmp_path / "report.json"
+    cgguard.install(
+        cgguard.Config(mode="log", log_file=os.devnull, report=str(report), capture="disabled")
+    )
+    built, written = threading.Event(), threading.Event()
+    build = _summary.document
+
+    def slow_document(*args: Any) -> dict[str, object]:
+        document = build(*args)
+        if threading.current_thread() is not threading.main_thread():
+            built.set()
+            written.wait(timeout=2)
+        return document
+
+    monkeypatch.setattr(_summary, "document", slow_document)
+    other = threading.Thread(target=violate, args=(here(),))  # race-a
+    other.start()
+    assert built.wait(timeout=10)
+    violate(here())  # race-b
+    written.set()
+    other.join(timeout=10)
+    function = "test_report_never_goes_back_to_an_older_state"
+    document = read_report(report)
+    assert (document["totals"], [v["first"]["stack"] for v in document["violations"]]) == (
+        {"capture_disabled": 2},
+        [[frame("race-a", function)], [frame("race-b", function)]],
+    )
+
+
+KILLED_PROGRAM = (
+    PRELUDE
+    + """
+cgguard.install(
+    cgguard.Config(mode="log", log_file=sys.argv[1], report=sys.argv[2], capture="disabled")
+)
+violate()  # killed
+os.kill(os.getpid(), signal.SIGTERM)
+"""
+)
+
+
+def test_a_worker_killed_by_sigterm_leaves_its_report(tmp_path: Path) -> None:
+    """No exit handler runs on SIGTERM, yet the report written at the violation is there."""
+    program, source = write_program(tmp_path, "killed_program.py", KILLED_PROGRAM)
+    log, folder = tmp_path / "events.jsonl", tmp_path / "reports"
+    folder.mkdir()
+    template = str(folder / "r-{pid}.json")
+    result = run_program(program, str(log), template)
+    assert (result.returncode, result.stderr) == (-signal.SIGTERM, "")
+    child = json.loads(result.stdout)
+    first = disabled_event(frame("killed", "<module>", file=str(program), source=source), 1)
+    first.update(child)
+    # No summary in the log: the exit handler did not run.
+    assert [stamped(event) for event in read_events(log)] == [first]
+    assert os.listdir(folder) == [f"r-{child['pid']}.json"]
+    report = read_report(folder / f"r-{child['pid']}.json")
+    report["violations"] = [v | {"first": stamped(v["first"])} for v in report["violations"]]
+    assert report == report_document(
+        config_section(mode="log", log_file=str(log), report=template, capture="disabled"),
+        {"capture_disabled": 1},
+        [{"rule": "capture_disabled", "count": 1, "first": first}],
+        pid=child["pid"],
+    )
+
+
+FORK_PROGRAM = (
+    PRELUDE
+    + """
+import multiprocessing
+
+
+def child():
+    violate()  # forked-child
+
+
+if __name__ == "__main__":
+    cgguard.install(
+        cgguard.Config(mode="log", log_file=os.devnull, report=sys.argv[1], capture="disabled")
+    )
+    violate()  # forking-parent
+    worker = multiprocessing.get_context("fork").Process(target=child)
+    worker.start()
+    worker.join()
+    print(json.dumps(worker.pid))
+"""
+)
+
+
+def test_a_forked_worker_reports_only_its_own_violations(tmp_path: Path) -> None:
+    """A worker forked after the parent's violation reports its own violation, not the parent's."""
+    program, source = write_program(tmp_path, "forking_program.py", FORK_PROGRAM)
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    result = run_program(program, str(folder / "r-{pid}.json"))
+    assert (result.returncode, result.stderr) == (0, "")
+    worker = json.loads(result.stdout.splitlines()[-1])
+    report = read_report(folder / f"r-{worker}.json")
+    site = frame("forked-child", "child", file=str(program), source=source)
+    assert (
+        report["totals"],
+        [(v["count"], v["first"]["stack"][-1]) for v in report["violations"]],
+    ) == (
+        {"capture_disabled": 1},
+        [(1, site)],
+    )
+
+
+# --- many processes -------------------------------------------------------------------------
+
+WORKERS_PROGRAM = (
+    PRELUDE
+    + """
+import multiprocessing
+
+
+def work(log, report):
+    cgguard.install(cgguard.Config(mode="log", log_file=log, report=report, capture="disabled"))
+    for _ in range(50):
+        violate()  # worker-a
+    for _ in range(20):
+        violate()  # worker-b
+    for _ in range(5):
+        violate()  # worker-c
+
+
+if __name__ == "__main__":
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=work, args=sys.argv[1:3]) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    print(json.dumps([worker.pid for worker in workers]))
+    sys.exit(max(worker.exitcode for worker in workers))
+"""
+)
+
+# One worker's log lines: site a (50) at 1..32, b (20) at 1..16, c (5) at 1, 2, 4; the summary.
+WORKER_LINES = (
+    [("cgguard.capture_violation", n) for n in (1, 2, 4, 8, 16, 32)]
+    + [("cgguard.capture_violation", n) for n in (1, 2, 4, 8, 16)]
+    + [("cgguard.capture_violation", n) for n in (1, 2, 4)]
+    + [("cgguard.summary", None)]
+)
+
+
+def test_spawned_workers_share_one_log_file_and_each_write_a_report(tmp_path: Path) -> None:
+    """4 spawn workers, one log file: whole JSON lines only, 15 per worker, one report each."""
+    program, source = write_program(tmp_path, "workers_program.py", WORKERS_PROGRAM)
+    log, folder = tmp_path / "events.jsonl", tmp_path / "reports"
+    folder.mkdir()
+    result = run_program(program, str(log), str(folder / "r-{pid}.json"))
+    assert (result.returncode, result.stderr) == (0, "")
+    pids = json.loads(result.stdout.splitlines()[-1])
+    events = read_events(log)  # every line parses as JSON
+    assert len(events) == 4 * len(WORKER_LINES) == 60
+    assert sorted({event["pid"] for event in events}) == sorted(pids)
+    a, b, c = (
+        frame(marker, "work", file=str(program), source=source)
+        for marker in ("worker-a", "worker-b", "worker-c")
+    )
+    for pid in pids:
+        own = [event for event in events if event["pid"] == pid]
+        assert [(event["event"], event.get("count")) for event in own] == WORKER_LINES
+        assert stamped(own[-1]) == summary_event(
+            {"capture_disabled": 75},
+            [summary_site(a, 50), summary_site(b, 20), summary_site(c, 5)],
+            pid=pid,
+        )
+    assert sorted(os.listdir(folder)) == sorted(f"r-{pid}.json" for pid in pids)
+    for pid in pids:
+        report = read_report(folder / f"r-{pid}.json")
+        assert (
+            report["pid"],
+            report["totals"],
+            [(v["count"], v["first"]["stack"][-1]) for v in report["violations"]],
+        ) == (pid, {"capture_disabled": 75}, [(50, a), (20, b), (5, c)])
+
+
+RUNNER_PROGRAM = """\
+import json
+import multiprocessing
+import sys
+
+
+def work():
+    import torch
+
+    import cgguard
+
+    cgguard.set_capture_enabled(False)
+    for _ in range(10):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):  # runner-site
+            pass
+
+
+if __name__ == "__main__":
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=work) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    print(json.dumps([worker.pid for worker in workers]))
+    sys.exit(max(worker.exitcode for worker in workers))
+"""
+
+
+@pytest.mark.simulated
+def test_the_runner_reports_every_spawned_worker(tmp_path: Path) -> None:
+    """cgguard run --mode log --report --log-file: each spawn worker logs and reports its own."""
+    program, source = write_program(tmp_path, "runner_program.py", RUNNER_PROGRAM)
+    log, folder = tmp_path / "events.jsonl", tmp_path / "reports"
+    folder.mkdir()
+    template = str(folder / "r-{pid}.json")
+    command = [sys.executable, "-m", "cgguard", "run", "--mode", "log", "--report", template]
+    command += ["--log-file", str(log), "--simulate-cuda", str(program)]
+    result = subprocess.run(
+        command, env=child_environ(), capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    pids = json.loads(result.stdout)
+    site = frame("runner-site", "work", file=str(program), source=source)
+    events = read_events(log)
+    # Per worker: 10 violations at one site (logged at 1, 2, 4, 8) and the summary.
+    assert len(events) == 4 * 5
+    for pid in pids:
+        own = [event for event in events if event["pid"] == pid]
+        assert [(event["event"], event.get("count")) for event in own] == [
+            ("cgguard.capture_violation", n) for n in (1, 2, 4, 8)
+        ] + [("cgguard.summary", None)]
+        assert own[0]["stack"][-1] == site
+        assert stamped(own[-1]) == summary_event(
+            {"capture_disabled": 10}, [summary_site(site, 10)], pid=pid
+        )
+    assert sorted(os.listdir(folder)) == sorted(f"r-{pid}.json" for pid in pids)
+    for pid in pids:
+        report = read_report(folder / f"r-{pid}.json")
+        assert (
+            report["pid"],
+            report["config"]["report"],
+            report["totals"],
+            [(v["count"], v["first"]["stack"][-1]) for v in report["violations"]],
+        ) == (pid, template, {"capture_disabled": 10}, [(10, site)])
+
+
+# --- the logging target ---------------------------------------------------------------------
+
+
+def test_logging_target_logs_a_logged_violation_at_warning(
+    cgguard_records: list[logging.LogRecord], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """log_target="logging": one WARNING record, JSON message, record.cgguard the full event."""
+    cgguard.install(cgguard.Config(mode="log", log_target="logging", capture="disabled"))
+    with capture_violations() as seen:
+        violate(here())  # logging-log
+    site = frame("logging-log", "test_logging_target_logs_a_logged_violation_at_warning")
+    (record,) = cgguard_records
+    assert (record.name, record.levelno) == ("cgguard", logging.WARNING)
+    assert stamped(json.loads(record.getMessage())) == disabled_event(site, 1)
+    assert record.cgguard == seen[0]  # type: ignore[attr-defined]
+    assert stamped(seen[0]) == disabled_event(site, 1)
+    assert capsys.readouterr() == ("", "")
+
+
+def test_logging_target_logs_a_raised_violation_at_error(
+    cgguard_records: list[logging.LogRecord], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """log_target="logging" in raise mode: one ERROR record holding the exception's event."""
+    cgguard.install(cgguard.Config(mode="raise", log_target="logging", capture="disabled"))
+    with pytest.raises(cgguard.CaptureDisabledError) as raised:
+        violate(here())  # logging-raise
+    site = frame("logging-raise", "test_logging_target_logs_a_raised_violation_at_error")
+    (record,) = cgguard_records
+    assert (record.name, record.levelno) == ("cgguard", logging.ERROR)
+    assert stamped(json.loads(record.getMessage())) == disabled_event(site, 1, action="raised")
+    assert record.cgguard == raised.value.event  # type: ignore[attr-defined]
+    assert capsys.readouterr() == ("", "")
+
+
+LOGGING_PROGRAM = (
+    PRELUDE
+    + """
+import logging
+
+logging.basicConfig(stream=sys.stdout, format="%(name)s %(levelname)s %(message)s")
+cgguard.install(cgguard.Config.from_environ())
+violate()  # logging-program
+"""
+)
+
+
+def test_logging_target_from_the_environment_carries_the_summary(tmp_path: Path) -> None:
+    """CGGUARD_LOG_TARGET=logging: the violation and the exit summary go to logging at WARNING."""
+    program, source = write_program(tmp_path, "logging_program.py", LOGGING_PROGRAM)
+    env = child_environ(
+        CGGUARD_MODE="log", CGGUARD_LOG_TARGET="logging", CGGUARD_CAPTURE="disabled"
+    )
+    result = run_program(program, env=env)
+    assert (result.returncode, result.stderr) == (0, "")
+    pid_line, *lines = result.stdout.splitlines()
+    child = json.loads(pid_line)
+    site = frame("logging-program", "<module>", file=str(program), source=source)
+    records = [line.split(" ", 2) for line in lines]
+    assert [(name, level, stamped(json.loads(message))) for name, level, message in records] == [
+        ("cgguard", "WARNING", disabled_event(site, 1, **child)),
+        (
+            "cgguard",
+            "WARNING",
+            summary_event({"capture_disabled": 1}, [summary_site(site, 1)], pid=child["pid"]),
+        ),
+    ]
