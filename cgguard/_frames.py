@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 # line-table walk per frame): the line is recovered from lasti when, rarely, a report is made.
 Snapshot = tuple["CodeType | int", ...]
 
+
 # Bound the walk so a capture made from deep recursion still costs a fixed amount.
 MAX_DEPTH = 128
 
@@ -40,6 +41,44 @@ def snapshot(depth: int = 1) -> Snapshot:
         push(frame.f_lasti)
         frame = frame.f_back
     return tuple(out)
+
+
+class LiveStack:
+    """Where a capture began, cheaply: its caller's frame and instruction, walked on demand.
+
+    Walking the stack costs a frame object per level, on every capture; most captures are never
+    named in a report. So an active capture keeps only its caller's frame, which is running (the
+    body of ``with torch.cuda.graph``) or returned moments ago, and is dropped at capture_end.
+    Walked while that frame runs, the callers' lines are exact.
+    """
+
+    __slots__ = ("frame", "lasti")
+
+    def __init__(self, frame: FrameType, lasti: int) -> None:
+        self.frame = frame
+        self.lasti = lasti
+
+    def walk(self) -> Snapshot:
+        """The snapshot this stack stands for."""
+        out: list[CodeType | int] = [self.frame.f_code, self.lasti]
+        frame = self.frame.f_back
+        for _ in range(MAX_DEPTH - 1):
+            if frame is None:
+                break
+            out += (frame.f_code, frame.f_lasti)
+            frame = frame.f_back
+        return tuple(out)
+
+
+def live(depth: int = 1) -> LiveStack:
+    """The caller's stack, as a LiveStack, starting ``depth`` frames above the caller."""
+    frame = sys._getframe(depth + 1)
+    return LiveStack(frame, frame.f_lasti)
+
+
+def resolve(stack: Snapshot | LiveStack) -> Snapshot:
+    """A snapshot, whichever form the stack was kept in."""
+    return stack.walk() if isinstance(stack, LiveStack) else stack
 
 
 def _line_of(code: CodeType, lasti: int) -> int:

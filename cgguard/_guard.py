@@ -20,7 +20,7 @@ from cgguard._errors import (
     SyncDuringCaptureError,
 )
 from cgguard._flag import is_capture_enabled
-from cgguard._frames import innermost_visible, render, snapshot, where
+from cgguard._frames import LiveStack, innermost_visible, render, resolve, snapshot, where
 from cgguard._ledger import worth_logging
 from cgguard._warn import warn_once
 
@@ -67,7 +67,7 @@ _RANK_VARIABLES = (("RANK", "rank"), ("LOCAL_RANK", "local_rank"), ("WORLD_SIZE"
 class CaptureRecord:
     """A capture attempt that passed, or was let through: who began it, where, and how."""
 
-    __slots__ = ("api", "key", "mode", "opening", "stack", "thread_id")
+    __slots__ = ("api", "key", "mode", "stack", "thread_id")
 
     def __init__(
         self,
@@ -75,19 +75,13 @@ class CaptureRecord:
         thread_id: int,
         api: str,
         mode: str,
-        stack: Snapshot,
-        *,
-        opening: bool = False,
+        stack: Snapshot | LiveStack,
     ) -> None:
         self.key = key  # id() of the CUDAGraph that holds the capture
         self.thread_id = thread_id
         self.api = api
         self.mode = mode  # capture_error_mode: "global", "thread_local" or "relaxed"
         self.stack = stack
-        # True from torch.cuda.graph.__enter__'s check until the capture_begin it makes, so
-        # that one capture is not counted twice (and torch's own synchronize in between is not
-        # a synchronize during capture).
-        self.opening = opening
 
 
 def find_violations(
@@ -114,14 +108,12 @@ def find_violations(
 def find_sync_violation(thread_id: int, active: Iterable[CaptureRecord]) -> CaptureRecord | None:
     """The capture a synchronize on ``thread_id`` would break, if any."""
     for record in active:
-        if record.thread_id == thread_id and not record.opening:
+        if record.thread_id == thread_id:
             return record
     return None
 
 
-def check_begin(
-    api: str, key: int, mode: str, stack: Snapshot, *, opening: bool = False
-) -> CaptureRecord:
+def check_begin(api: str, key: int, mode: str, stack: Snapshot | LiveStack) -> CaptureRecord:
     """Check a capture attempt; report and possibly raise; else return its record.
 
     The caller adds the record to ``_state.active`` once the capture has begun. Raises a
@@ -129,13 +121,16 @@ def check_begin(
     is cgguard's own: it is reported once and the capture goes on.
     """
     thread_id = threading.get_ident()
-    record = CaptureRecord(key, thread_id, api, mode, stack, opening=opening)
+    record = CaptureRecord(key, thread_id, api, mode, stack)
     # The common case costs three reads: nothing capturing, capture enabled, no other flag.
     if not _state.active and _state.capture_enabled and not _state.flag_sources:
         return record
     try:
         found = find_violations(is_capture_enabled(), thread_id, mode, list(_state.active.values()))
-        error = _handle(found, api, stack) if found else None
+        if found:
+            # Walked now, while the caller is where it tried: a report needs this stack exactly.
+            record.stack = resolve(stack)
+        error = _handle(found, api, record.stack) if found else None
     except Exception as exc:
         warn_once("guard", f"internal error while checking a capture, not checked: {exc!r}")
         return record
@@ -147,8 +142,7 @@ def check_begin(
 def check_sync(api: str) -> None:
     """Check a synchronize call made by the caller's caller; report, maybe raise, before CUDA.
 
-    torch.cuda.graph's own synchronize runs while its capture is still opening, on every
-    capture: the stack is taken only once a violation is found.
+    The stack is taken only once a violation is found.
     """
     if not _state.active:
         return
@@ -166,12 +160,13 @@ def check_sync(api: str) -> None:
 
 
 def _handle(
-    found: list[tuple[str, CaptureRecord | None]], api: str, stack: Snapshot
+    found: list[tuple[str, CaptureRecord | None]], api: str, stack: Snapshot | LiveStack
 ) -> CaptureViolation | None:
     """Count and report each violation; return the error to raise, if an action says raise."""
     config, ledger, reporter = _state.config, _state.ledger, _state.reporter
     if config is None or ledger is None:
         return None
+    stack = resolve(stack)
     code, lasti = innermost_visible(stack)
     error: CaptureViolation | None = None
     for rule, cause in found:
@@ -264,7 +259,7 @@ def _event(
         event["message"] = f"{DISABLED_SENTENCE} {head} began a capture; {reason}."
         return event
     assert cause is not None  # noqa: S101 - every other rule comes with its cause
-    cause_frames = render(cause.stack)
+    cause_frames = render(resolve(cause.stack))
     event[_CAUSE_KEYS[rule]] = cause_frames
     began = f"begun at {where(cause_frames)} via {cause.api}"
     if rule == NESTED_CAPTURE:

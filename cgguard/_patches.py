@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import importlib
 import sys
-from threading import get_ident
 from typing import Any
 
 import wrapt
 
 from cgguard import _guard, _state
-from cgguard._frames import snapshot
+from cgguard._frames import live
 
 _ABSENT = object()
 _STANDIN_MARKER = "__cgguard_standin__"
@@ -44,34 +43,30 @@ def _graph_enter(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     # Checked before torch's __enter__ runs: it synchronizes, empties the cache and switches the
     # current stream before capture_begin, and a refusal raised after that would leave the
     # thread on the capture stream for good, since __exit__ never runs.
-    key = id(instance.cuda_graph)
     record = _guard.check_begin(
-        _guard.API_GRAPH, key, instance.capture_error_mode, snapshot(1), opening=True
+        _guard.API_GRAPH, id(instance.cuda_graph), instance.capture_error_mode, live(1)
     )
-    active = _state.active
-    previous = active.get(key)  # a capture this graph already holds, which torch will refuse
-    active[key] = record
+    # Handed to the capture_begin that __enter__ makes, through the thread rather than the
+    # active captures: torch's own synchronize before it is not a synchronize during capture.
+    opening = _state.opening
+    opening.record = record
     try:
         return wrapped(*args, **kwargs)
-    except BaseException:
-        if active.get(key) is record:
-            if previous is None:
-                del active[key]
-            else:
-                active[key] = previous
-        raise
+    finally:
+        opening.record = None
 
 
 def _capture_begin(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     key = id(instance)
-    record = _state.active.get(key)
-    if record is not None and record.opening and record.thread_id == get_ident():
+    opening = _state.opening
+    record = opening.record
+    if record is not None and record.key == key:
         # The capture_begin that torch.cuda.graph.__enter__ makes: already checked, one capture.
-        record.opening = False
-        return wrapped(*args, **kwargs)
-    record = _guard.check_begin(
-        _guard.API_CAPTURE_BEGIN, key, _error_mode(args, kwargs), snapshot(1)
-    )
+        opening.record = None
+    else:
+        record = _guard.check_begin(
+            _guard.API_CAPTURE_BEGIN, key, _error_mode(args, kwargs), live(1)
+        )
     result = wrapped(*args, **kwargs)
     _state.active[key] = record
     return result

@@ -9,6 +9,8 @@ capture path takes no lock.
 """
 
 # Cheap to import: no ``typing`` or ``__future__`` at runtime.
+import threading
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -26,6 +28,15 @@ capture_changed_at: "Snapshot | None" = None
 
 # Captures begun and not yet ended, by id() of the CUDAGraph that holds them.
 active: "dict[int, CaptureRecord]" = {}
+
+
+class _Opening(threading.local):
+    """Per thread: the capture torch.cuda.graph.__enter__ checked, until its capture_begin."""
+
+    record: "CaptureRecord | None" = None
+
+
+opening = _Opening()
 
 # Other frameworks' capture flags that cgguard follows (cgguard._bridge); all must allow.
 flag_sources: "list[FlagSource]" = []
@@ -60,6 +71,7 @@ def reset() -> None:
     global config, reporter, ledger, on_new_site
     set_flag(True, None)
     active.clear()
+    opening.record = None
     flag_sources.clear()
     config = None
     reporter = None

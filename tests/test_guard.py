@@ -89,12 +89,8 @@ def _no_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-def record(
-    thread_id: int, key: int = 1, mode: str = "global", *, opening: bool = False
-) -> CaptureRecord:
-    return CaptureRecord(
-        key, thread_id, _guard.API_GRAPH, mode, stack_of(outer_begins), opening=opening
-    )
+def record(thread_id: int, key: int = 1, mode: str = "global") -> CaptureRecord:
+    return CaptureRecord(key, thread_id, _guard.API_GRAPH, mode, stack_of(outer_begins))
 
 
 def test_nothing_broken_when_enabled_and_idle() -> None:
@@ -186,29 +182,23 @@ def test_sync_on_a_thread_not_capturing_is_legal() -> None:
     assert find_sync_violation(7, [record(8, 1), record(9, 2, mode="thread_local")]) is None
 
 
-def test_sync_while_opening_a_capture_is_legal() -> None:
-    """The synchronize torch.cuda.graph makes before its capture_begin is not a violation."""
-    assert find_sync_violation(7, [record(7, opening=True)]) is None
-
-
-def test_sync_while_opening_inside_a_capture_names_the_outer() -> None:
-    """Opening a capture inside another: its synchronize breaks the outer capture."""
-    outer = record(7, 1)
-    assert find_sync_violation(7, [record(7, 2, opening=True), outer]) is outer
+def test_sync_on_a_capturing_thread_names_its_capture() -> None:
+    """A synchronize on a thread with an active capture breaks that capture."""
+    mine = record(7, 2)
+    assert find_sync_violation(7, [record(8, 1), mine]) is mine
 
 
 def test_check_begin_returns_the_record_to_activate() -> None:
-    """A legal attempt comes back as a record for this thread, marked opening on request."""
+    """A legal attempt comes back as a record for this thread, not yet active."""
     cgguard.install()
     stack = stack_of(plugin_captures)
-    got = _guard.check_begin(_guard.API_CAPTURE_BEGIN, 42, "relaxed", stack, opening=True)
-    assert (got.key, got.thread_id, got.api, got.mode, got.stack, got.opening) == (
+    got = _guard.check_begin(_guard.API_CAPTURE_BEGIN, 42, "relaxed", stack)
+    assert (got.key, got.thread_id, got.api, got.mode, got.stack) == (
         42,
         threading.get_ident(),
         "CUDAGraph.capture_begin",
         "relaxed",
         stack,
-        True,
     )
     assert _state.active == {}
 
