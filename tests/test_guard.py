@@ -182,7 +182,6 @@ def test_sync_on_a_thread_not_capturing_is_legal() -> None:
     assert find_sync_violation(7, [record(8, 1), record(9, 2, mode="thread_local")]) is None
 
 
-
 def test_check_begin_returns_the_record_to_activate() -> None:
     """A legal attempt comes back as a record for this thread, not yet active."""
     cgguard.install()
