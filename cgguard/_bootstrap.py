@@ -78,24 +78,30 @@ def _on_torch_import(_: "ModuleType") -> None:
     global simulation
     try:
         from cgguard._config import Config
-        from cgguard._install import install
+        from cgguard._install import install, is_installed
 
         config = Config.from_environ(warn=False)
         if config.simulate_cuda and simulation is None:
             simulation = _start_simulation()
-        install(config)
+        # A program that called install() itself, before importing torch, keeps its own
+        # configuration: the environment only switches cgguard on.
+        install(None if is_installed() else config)
     except Exception as exc:
         _warn(f"could not activate, captures are not guarded: {exc!r}")
 
 
-def _start_simulation() -> object:
+def _start_simulation() -> object | None:
     import atexit
 
     from cgguard._warn import warn_once
     from cgguard.testing import simulated_cuda
 
     runtime = simulated_cuda()
-    runtime.__enter__()
+    try:
+        runtime.__enter__()
+    except Exception as exc:  # e.g. a torch built with CUDA: guard it all the same, unsimulated
+        warn_once("simulation", f"CGGUARD_SIMULATE_CUDA: no simulated CUDA runtime: {exc}")
+        return None
     # Left at exit while the interpreter is still whole; a generator closed by the garbage
     # collector at shutdown would run its clean-up with its module's globals already gone.
     atexit.register(runtime.__exit__, None, None, None)

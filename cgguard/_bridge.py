@@ -60,8 +60,12 @@ class _Follow:
             self.original_setter = getattr(module, self.setter)
 
             def record_where(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-                source.changed_at = snapshot(1)
-                return wrapped(*args, **kwargs)
+                where = snapshot(1)
+                result = wrapped(*args, **kwargs)
+                # Only a call that left the flag off is where capture was disabled; after one
+                # that turned it on, a later refusal must name the flag, not this line.
+                source.changed_at = None if source.enabled() else where
+                return result
 
             setattr(module, self.setter, wrapt.FunctionWrapper(self.original_setter, record_where))
         self.source = source

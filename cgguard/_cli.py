@@ -11,7 +11,7 @@ import argparse
 import os
 import shutil
 import sys
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from cgguard import _environ
 
@@ -20,22 +20,26 @@ if TYPE_CHECKING:
 
 BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_boot")
 
-# Runner option: (environment variable, accepted values or None for free text).
+# Runner option: (environment variable, accepted values or None for free text); one for each
+# variable that takes a value, named after its Config field.
 _OPTIONS = {
-    "--mode": ("CGGUARD_MODE", ("raise", "log")),
-    "--log-format": ("CGGUARD_LOG_FORMAT", ("json", "console")),
-    "--log-file": ("CGGUARD_LOG_FILE", None),
-    "--log-target": ("CGGUARD_LOG_TARGET", ("stderr", "file", "logging")),
-    "--report": ("CGGUARD_REPORT", None),
-    "--capture": ("CGGUARD_CAPTURE", ("enabled", "disabled")),
+    "--" + field.replace("_", "-"): (variable, choices)
+    for variable, (field, choices) in _environ.VARIABLES.items()
+    if choices is not _environ.BOOL
 }
-_FLAGS = {"--simulate-cuda": ("CGGUARD_SIMULATE_CUDA", "1")}
 
 _RUN_USAGE = "cgguard run [options] (script.py | -m module | command) [args ...]"
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with cgguard's name on its errors."""
+    """argparse, with cgguard's name on its errors, and no abbreviated options.
+
+    Abbreviations would let ``--mod log`` through argparse while _split_run, which must know
+    where the program's own arguments begin, takes it for a flag without a value.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(allow_abbrev=False, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import linecache
 import os
 import sys
+from types import FrameType
 from typing import TYPE_CHECKING, TypedDict, cast
 
 if TYPE_CHECKING:
-    from types import CodeType, FrameType
+    from types import CodeType
 
 # A snapshot is a flat tuple (code, lasti, code, lasti, ...), innermost frame first. It keeps
 # neither frames (their locals may hold GPU tensors) nor line numbers (computing f_lineno costs a
@@ -43,42 +44,32 @@ def snapshot(depth: int = 1) -> Snapshot:
     return tuple(out)
 
 
-class LiveStack:
-    """Where a capture began, cheaply: its caller's frame and instruction, walked on demand.
-
-    Walking the stack costs a frame object per level, on every capture; most captures are never
-    named in a report. So an active capture keeps only its caller's frame, which is running (the
-    body of ``with torch.cuda.graph``) or returned moments ago, and is dropped at capture_end.
-    Walked while that frame runs, the callers' lines are exact.
-    """
-
-    __slots__ = ("frame", "lasti")
-
-    def __init__(self, frame: FrameType, lasti: int) -> None:
-        self.frame = frame
-        self.lasti = lasti
-
-    def walk(self) -> Snapshot:
-        """The snapshot this stack stands for."""
-        out: list[CodeType | int] = [self.frame.f_code, self.lasti]
-        frame = self.frame.f_back
-        for _ in range(MAX_DEPTH - 1):
-            if frame is None:
-                break
-            out += (frame.f_code, frame.f_lasti)
-            frame = frame.f_back
-        return tuple(out)
+# Where a ``with torch.cuda.graph`` capture began, cheaply: (the caller's frame, its
+# instruction), walked on demand. Walking the stack costs a frame object per level on every
+# capture, and most captures are never named in a report. The caller's frame runs for the whole
+# ``with`` body, so walked while the capture is active, its callers' lines are exact; it is
+# dropped at capture_end. A plain tuple, as the capture path makes one per capture.
+LiveStack = tuple["FrameType", int]
 
 
-def live(depth: int = 1) -> LiveStack:
-    """The caller's stack, as a LiveStack, starting ``depth`` frames above the caller."""
-    frame = sys._getframe(depth + 1)
-    return LiveStack(frame, frame.f_lasti)
+def walk(stack: LiveStack) -> Snapshot:
+    """The snapshot a live stack stands for."""
+    frame, lasti = stack
+    out: list[CodeType | int] = [frame.f_code, lasti]
+    caller = frame.f_back
+    for _ in range(MAX_DEPTH - 1):
+        if caller is None:
+            break
+        out += (caller.f_code, caller.f_lasti)
+        caller = caller.f_back
+    return tuple(out)
 
 
 def resolve(stack: Snapshot | LiveStack) -> Snapshot:
     """A snapshot, whichever form the stack was kept in."""
-    return stack.walk() if isinstance(stack, LiveStack) else stack
+    if len(stack) == 2 and isinstance(stack[0], FrameType):
+        return walk(stack)
+    return stack
 
 
 def _line_of(code: CodeType, lasti: int) -> int:
@@ -137,6 +128,8 @@ def format_frames(frames: list[FrameInfo]) -> str:
 
 _visible: dict[CodeType, bool] = {}
 _prefixes: tuple[str, ...] = ()
+# Code made at run time (inductor, exec) would grow the cache without end: start again past it.
+_VISIBLE_MAX = 4096
 
 
 def innermost_visible(stack: Snapshot) -> tuple[CodeType | None, int]:
@@ -148,6 +141,8 @@ def innermost_visible(stack: Snapshot) -> tuple[CodeType | None, int]:
         code = cast("CodeType", stack[i])
         visible = _visible.get(code)
         if visible is None:
+            if len(_visible) >= _VISIBLE_MAX:
+                _visible.clear()
             visible = _visible[code] = not code.co_filename.startswith(_prefixes)
         if visible:
             return code, cast("int", stack[i + 1])

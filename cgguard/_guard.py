@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from threading import get_ident
 from typing import TYPE_CHECKING
 
 from cgguard import _state
@@ -120,7 +121,7 @@ def check_begin(api: str, key: int, mode: str, stack: Snapshot | LiveStack) -> C
     CaptureViolation when a rule is broken and its action is raise. Any other failure in here
     is cgguard's own: it is reported once and the capture goes on.
     """
-    thread_id = threading.get_ident()
+    thread_id = get_ident()
     record = CaptureRecord(key, thread_id, api, mode, stack)
     # The common case costs three reads: nothing capturing, capture enabled, no other flag.
     if not _state.active and _state.capture_enabled and not _state.flag_sources:

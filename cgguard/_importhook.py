@@ -63,7 +63,9 @@ def when_imported(name: str, callback: "Callable[[ModuleType], None]") -> None:
 
     Only registers: a caller that wants "now, if already imported" checks sys.modules itself.
     """
-    _callbacks.setdefault(name, []).append(callback)
+    pending = _callbacks.setdefault(name, [])
+    if callback not in pending:
+        pending.append(callback)
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import platform
 import site
@@ -13,24 +12,22 @@ from typing import TYPE_CHECKING
 from cgguard import _environ
 from cgguard._cli import BOOT_DIR, program_environ, run_parser
 from cgguard._config import Config
-from cgguard._version import __version__
+from cgguard._version import __version__, distribution_version
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import TextIO
 
 # Run in a fresh child started the way the runner starts programs: is torch patched there?
+_MARK = "cgguard-child-check:"
 _CHILD_CHECK = (
     "import torch, cgguard._state as s, cgguard._bootstrap as b; "
-    "print(len(s.patches), b.activated_by or 'nothing')"
+    f"print({_MARK!r}, len(s.patches), b.activated_by or 'nothing')"
 )
 
 
 def _version(distribution: str) -> str:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+    return distribution_version(distribution) or "not installed"
 
 
 def _pth_files() -> list[str]:
@@ -79,7 +76,11 @@ def _child_check(environ: Mapping[str, str]) -> str:
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return f"NOT patched: the child failed ({tail})"
-    count, origin = done.stdout.split()
+    # The program's own start-up (a sitecustomize, say) may print too: read only our line.
+    marked = [line for line in done.stdout.splitlines() if line.startswith(_MARK)]
+    if not marked:
+        return f"could not read the child's answer: {done.stdout.strip()!r}"
+    _, count, origin = marked[-1].split()
     if count == "0":
         return f"NOT patched (activated by {origin}); see warnings the child printed: {done.stderr}"
     return f"torch's {count} entry points patched (activated by {origin})"

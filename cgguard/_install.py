@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import importlib
 import os
 import sys
 import threading
@@ -45,10 +46,16 @@ def install(config: Config | None = None) -> None:
             _exit_registered = True
         if _state.patches:
             return
-        if "torch" in sys.modules:
-            _patch()
-        else:
+        if "torch" not in sys.modules:
             _importhook.when_imported("torch", _patch_on_import)
+            return
+    # torch is imported, or being imported: perhaps by another thread, whose import the hook
+    # missed. Wait for it to finish (at once if this thread is the importer), outside the
+    # lock, which that import's own hook may be waiting for, then patch.
+    importlib.import_module("torch")
+    with _lock:
+        if _state.config is not None:
+            _patch()
 
 
 def uninstall() -> None:
@@ -91,7 +98,11 @@ def _configure(config: Config) -> None:
 
 def _forget_parent() -> None:
     # A forked worker reports its own violations: {pid} reports summed across a job must not
-    # count the parent's twice. The parent's captures belong to threads the child lacks.
+    # count the parent's twice. The parent's captures belong to threads the child lacks, and
+    # so may the locks: one held by a parent thread at the fork would never be released.
+    global _lock
+    _lock = threading.RLock()
+    _summary.reset_lock()
     config = _state.config
     if config is None:
         return

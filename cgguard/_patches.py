@@ -7,16 +7,21 @@ all covered. Arguments pass through untouched: the signatures differ across torc
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import sys
 from typing import Any
 
 import wrapt
 
 from cgguard import _guard, _state
-from cgguard._frames import live
+from cgguard._frames import snapshot
 
 _ABSENT = object()
+# CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR: frames that are suspended, not running.
+_SUSPENDS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+_OPENING = _state.opening  # one object for the life of the process, looked up once
 _STANDIN_MARKER = "__cgguard_standin__"
 
 
@@ -35,20 +40,25 @@ def _error_mode(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     return str(args[1]) if len(args) > 1 else "global"
 
 
-# The three wrappers below run on every capture: they do the least work that keeps the
-# record of active captures true, and leave everything else to cgguard._guard's slow path.
+# The wrappers below run on every capture: they do the least work that keeps the record of
+# active captures true, and leave everything else to cgguard._guard's slow path.
 
 
 def _graph_enter(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     # Checked before torch's __enter__ runs: it synchronizes, empties the cache and switches the
     # current stream before capture_begin, and a refusal raised after that would leave the
     # thread on the capture stream for good, since __exit__ never runs.
+    caller = sys._getframe(1)
+    # The caller's frame runs for the whole ``with`` body, so it is enough to keep it (see
+    # cgguard._frames.LiveStack); a generator's or coroutine's frame is suspended at each
+    # yield, without callers, so its stack is walked now.
+    stack = (caller, caller.f_lasti) if not caller.f_code.co_flags & _SUSPENDS else snapshot(1)
     record = _guard.check_begin(
-        _guard.API_GRAPH, id(instance.cuda_graph), instance.capture_error_mode, live(1)
+        _guard.API_GRAPH, id(instance.cuda_graph), instance.capture_error_mode, stack
     )
     # Handed to the capture_begin that __enter__ makes, through the thread rather than the
     # active captures: torch's own synchronize before it is not a synchronize during capture.
-    opening = _state.opening
+    opening = _OPENING
     opening.record = record
     try:
         return wrapped(*args, **kwargs)
@@ -58,14 +68,16 @@ def _graph_enter(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
 
 def _capture_begin(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     key = id(instance)
-    opening = _state.opening
+    opening = _OPENING
     record = opening.record
     if record is not None and record.key == key:
         # The capture_begin that torch.cuda.graph.__enter__ makes: already checked, one capture.
         opening.record = None
     else:
+        # Walked now: a raw capture_begin is often made by a helper that returns at once, and
+        # its callers move on while the capture stays active.
         record = _guard.check_begin(
-            _guard.API_CAPTURE_BEGIN, key, _error_mode(args, kwargs), live(1)
+            _guard.API_CAPTURE_BEGIN, key, _error_mode(args, kwargs), snapshot(1)
         )
     result = wrapped(*args, **kwargs)
     _state.active[key] = record
@@ -89,7 +101,21 @@ def _checks_sync(api: str) -> Any:
     return wrapper
 
 
-_device_sync = _checks_sync(_guard.API_SYNCHRONIZE)
+def _device_sync(original: Any) -> Any:
+    """torch._C._cuda_synchronize, checked.
+
+    A plain function, not a wrapt wrapper: torch.cuda.graph.__enter__ calls this on every
+    capture, a C function has no binding or signature for wrapt to preserve, and wrapt's call
+    protocol costs more here than the rest of the capture path together.
+    """
+
+    @functools.wraps(original)
+    def synchronize(*args: Any, **kwargs: Any) -> Any:
+        if _state.active:  # nothing capturing, nothing to check
+            _guard.check_sync(_guard.API_SYNCHRONIZE)
+        return original(*args, **kwargs)
+
+    return synchronize
 
 
 def patch_torch() -> None:
@@ -144,7 +170,7 @@ def refresh_device_sync() -> None:
         return
     _state.device_sync = None  # replaced or removed since: nothing of ours to restore
     if current is not None and _state.patches:
-        wrapper = wrapt.FunctionWrapper(current, _device_sync)
+        wrapper = _device_sync(current)
         setattr(c_module, "_cuda_synchronize", wrapper)  # noqa: B010 - absent on CPU builds
         _state.device_sync = (current, wrapper)
 

@@ -82,9 +82,6 @@ class _LoggingSink:
     def warning(self, message: str, event: dict[str, object]) -> None:
         self._log(30, message, event)
 
-    def info(self, message: str, event: dict[str, object]) -> None:
-        self._log(20, message, event)
-
 
 _ORIGINAL = "__cgguard_event__"
 

@@ -8,7 +8,6 @@ report written only at exit would lose its violations.
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import json
 import os
 import platform
@@ -18,7 +17,7 @@ import time
 from typing import TYPE_CHECKING
 
 from cgguard._guard import ranks, timestamp
-from cgguard._version import __version__
+from cgguard._version import __version__, distribution_version
 from cgguard._warn import warn_once
 
 if TYPE_CHECKING:
@@ -26,6 +25,12 @@ if TYPE_CHECKING:
     from cgguard._ledger import Ledger
 
 _lock = threading.Lock()
+
+
+def reset_lock() -> None:
+    """A new lock, in a forked child: the parent's may have been held by a thread it lacks."""
+    global _lock
+    _lock = threading.Lock()
 
 
 def expand(template: str) -> str:
@@ -43,7 +48,7 @@ def document(config: Config, ledger: Ledger) -> dict[str, object]:
     return {
         "cgguard": __version__,
         "python": platform.python_version(),
-        "torch": _version("torch"),
+        "torch": distribution_version("torch"),
         "pid": os.getpid(),
         **ranks(),
         "written_at": timestamp(time.time()),
@@ -102,10 +107,3 @@ def write(config: Config, ledger: Ledger) -> None:
                 raise
     except Exception as exc:
         warn_once(f"report:{path}", f"cannot write the report {path!r}: {exc}")
-
-
-def _version(distribution: str) -> str | None:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None

@@ -226,3 +226,15 @@ def test_runner_configuration_reaches_the_program(tmp_path: Path) -> None:
     code = "with torch.cuda.graph(torch.cuda.CUDAGraph()):"  # line 4: the text starts with \n
     frame = {"file": str(script), "line": 4, "function": "<module>", "code": code}
     assert event["stack"] == [frame]
+
+
+def test_explicit_install_before_torch_keeps_its_configuration() -> None:
+    """Under CGGUARD_ENABLED=1, a program's own install(Config) survives ``import torch``."""
+    code = """
+        import cgguard, cgguard._state as s
+        cgguard.install(cgguard.Config(mode="log"))
+        import torch
+        print(s.config.mode, len(s.patches))
+        """
+    done = python(code, clean_environ(CGGUARD_ENABLED="1"))
+    assert (done.returncode, done.stdout, done.stderr) == (0, "log 5\n", "")

@@ -197,3 +197,15 @@ def test_reinstall_keeps_the_users_follows(standin: Path, cuda: None) -> None:
     cgguard.install(cgguard.Config(vllm_bridge=False))
     assert [source.label for source in _state.flag_sources] == ["myframework.CAPTURE_OK"]
     assert type(mon.set_cudagraph_capturing_enabled).__name__ == "function"
+
+
+def test_enabling_call_is_never_named_as_the_disabling_one(standin: Path, cuda: None) -> None:
+    """Setter(True) seen, then an unseen setter(False): the refusal names the flag, not a line."""
+    from vllm.model_runner import finish_capture_phase
+
+    cgguard.install()
+    monitor().set_cudagraph_capturing_enabled(True)  # seen by the wrapper: it turned capture on
+    finish_capture_phase()  # bound before install: unseen
+    with pytest.raises(cgguard.CaptureDisabledError) as raised:
+        capture()
+    assert raised.value.event["disabled_stack"] is None

@@ -5,6 +5,7 @@ Each test runs on cgguard's simulated CUDA runtime, and again on a real GPU wher
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from pathlib import Path
@@ -345,3 +346,51 @@ def test_frames_hide_cgguard_and_torch(runtime: Runtime) -> None:
     assert files
     assert not [f for f in files if f.startswith(hidden)]
     assert sys.modules["cgguard"] is cgguard
+
+
+def begin_in_helper(graph: Any) -> None:
+    """A helper that begins a raw capture and returns, as a breakable capture's segments do."""
+    graph.capture_begin()  # @helper-begins
+
+
+def test_outer_stack_of_a_helper_that_returned(
+    runtime: Runtime, events: list[dict[str, Any]]
+) -> None:
+    """A capture begun in a helper that returned is reported at the lines where it began."""
+    install()
+    outer, inner, x = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph(), runtime.tensor()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        begin_in_helper(outer)  # @calls-helper
+        x.add_(1)
+        with pytest.raises(cgguard.NestedCaptureError) as raised:
+            inner.capture_begin()
+        outer.capture_end()
+    test = "test_outer_stack_of_a_helper_that_returned"
+    assert raised.value.event["outer_stack"][-2:] == [
+        frame("@calls-helper", test),
+        frame("@helper-begins", "begin_in_helper"),
+    ]
+
+
+@contextlib.contextmanager
+def capturing(graph: Any) -> Iterator[None]:
+    """A library's context manager around torch.cuda.graph: a generator frame."""
+    with torch.cuda.graph(graph):  # @generator-captures
+        yield
+
+
+def test_outer_stack_through_a_context_manager(
+    runtime: Runtime, events: list[dict[str, Any]]
+) -> None:
+    """A capture opened in a @contextmanager keeps its callers in the outer stack."""
+    install()
+    x = runtime.tensor()
+    with capturing(torch.cuda.CUDAGraph()):  # @enters-helper
+        x.add_(1)
+        with pytest.raises(cgguard.NestedCaptureError) as raised:
+            torch.cuda.CUDAGraph().capture_begin()
+    stack = [f for f in raised.value.event["outer_stack"] if f["file"] == __file__]
+    test = "test_outer_stack_through_a_context_manager"
+    assert stack[-2:] == [frame("@enters-helper", test), frame("@generator-captures", "capturing")]

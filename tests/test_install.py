@@ -209,3 +209,36 @@ def test_import_cgguard_loads_nothing_heavy() -> None:
         """
     )
     assert out == "[]\n"
+
+
+def test_install_while_another_thread_imports_torch() -> None:
+    """install() during another thread's ``import torch`` waits for it, then patches; no error."""
+    out = run_python(
+        """
+        import sys, threading, time
+        importer = threading.Thread(target=lambda: __import__("torch"))
+        importer.start()
+        while "torch" not in sys.modules:
+            time.sleep(0.0005)
+        time.sleep(0.05)
+        import cgguard, cgguard._state as s
+        cgguard.install()
+        importer.join()
+        print(len(s.patches))
+        """
+    )
+    assert out == "5\n"
+
+
+def test_installing_twice_before_torch_leaves_no_hook_after_uninstall() -> None:
+    """Two installs before ``import torch`` register one hook, which uninstall() removes."""
+    out = run_python(
+        """
+        import sys, cgguard, cgguard._importhook as h
+        cgguard.install()
+        cgguard.install(cgguard.Config(mode="log"))
+        cgguard.uninstall()
+        print(sum(map(len, h._callbacks.values())), h._finder in sys.meta_path)
+        """
+    )
+    assert out == "0 False\n"

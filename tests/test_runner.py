@@ -724,6 +724,11 @@ ERRORS = [
         USAGE.encode() + b"cgguard run: error: argument --report: expected one argument\n",
         id="--report without its value",
     ),
+    pytest.param(
+        ("run", "--mod", "log", "cgg_marker.py"),
+        USAGE.encode() + b"cgguard run: error: unrecognized arguments: --mod\n",
+        id="an abbreviated option",
+    ),
     pytest.param(("run", "nope.py"), NOT_FOUND.format("nope.py").encode(), id="missing script"),
     pytest.param(
         ("run", "--mode", "log", "cgg-no-such-command"),
@@ -937,3 +942,18 @@ def test_info_shows_an_ignored_file_target_as_ignored(tmp_path: Path) -> None:
         b"",
     )
     assert expected == (returncode, configuration, err)
+
+
+def test_info_reads_its_child_past_a_chatty_start_up(tmp_path: Path) -> None:
+    """A sitecustomize that prints does not confuse ``cgguard info``'s check of a child."""
+    chatty = tmp_path / "chatty"
+    chatty.mkdir()
+    write(chatty / "sitecustomize.py", "print('hello from the image')\n")
+    env = clean_environ(PYTHONPATH=str(chatty))
+    returncode, out, _ = python(["-m", "cgguard", "info"], tmp_path, env)
+    child = out.decode().splitlines()[-1]
+    expected = (
+        0,
+        f"  child          torch's 5 entry points patched (activated by {activated_by()})",
+    )
+    assert expected == (returncode, child)
