@@ -32,7 +32,12 @@ class FrameInfo(TypedDict):
 
 def snapshot(depth: int = 1) -> Snapshot:
     """Record the calling stack, starting ``depth`` frames above the caller of this function."""
-    frame: FrameType | None = sys._getframe(depth + 1)
+    return snapshot_from(sys._getframe(depth + 1))
+
+
+def snapshot_from(start: FrameType) -> Snapshot:
+    """Record the stack from ``start`` outwards."""
+    frame: FrameType | None = start
     out: list[CodeType | int] = []
     push = out.append
     for _ in range(MAX_DEPTH):

@@ -11,17 +11,22 @@ import functools
 import importlib
 import inspect
 import sys
-from typing import Any
+from threading import get_ident
+from typing import TYPE_CHECKING, Any
 
 import wrapt
 
 from cgguard import _guard, _state
-from cgguard._frames import snapshot
+from cgguard._frames import snapshot, snapshot_from
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from cgguard._frames import LiveStack, Snapshot
 
 _ABSENT = object()
 # CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR: frames that are suspended, not running.
 _SUSPENDS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
-_OPENING = _state.opening  # one object for the life of the process, looked up once
 _STANDIN_MARKER = "__cgguard_standin__"
 
 
@@ -48,31 +53,29 @@ def _graph_enter(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     # Checked before torch's __enter__ runs: it synchronizes, empties the cache and switches the
     # current stream before capture_begin, and a refusal raised after that would leave the
     # thread on the capture stream for good, since __exit__ never runs.
-    caller = sys._getframe(1)
-    # The caller's frame runs for the whole ``with`` body, so it is enough to keep it (see
-    # cgguard._frames.LiveStack); a generator's or coroutine's frame is suspended at each
-    # yield, without callers, so its stack is walked now.
-    stack = (caller, caller.f_lasti) if not caller.f_code.co_flags & _SUSPENDS else snapshot(1)
-    record = _guard.check_begin(
-        _guard.API_GRAPH, id(instance.cuda_graph), instance.capture_error_mode, stack
-    )
-    # Handed to the capture_begin that __enter__ makes, through the thread rather than the
-    # active captures: torch's own synchronize before it is not a synchronize during capture.
-    opening = _OPENING
-    opening.record = record
+    key = id(instance.cuda_graph)
+    stack = _stack_of(sys._getframe(1))
+    if _state.active or not _state.capture_enabled or _state.flag_sources:
+        _guard.check_begin(_guard.API_GRAPH, key, instance.capture_error_mode, stack)
+    # Where the capture began, for the capture_begin that __enter__ makes: passed by graph,
+    # not through the active captures, as torch's own synchronize before it is no synchronize
+    # during a capture.
+    _state.entering[key] = stack
     try:
         return wrapped(*args, **kwargs)
-    finally:
-        opening.record = None
+    except BaseException:
+        _state.entering.pop(key, None)
+        raise
 
 
 def _capture_begin(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     key = id(instance)
-    opening = _OPENING
-    record = opening.record
-    if record is not None and record.key == key:
-        # The capture_begin that torch.cuda.graph.__enter__ makes: already checked, one capture.
-        opening.record = None
+    stack = _state.entering.pop(key, None)
+    if stack is not None:
+        # The capture_begin that torch.cuda.graph.__enter__ makes: checked by the wrapper
+        # around __enter__; one capture, not two.
+        mode = _error_mode(args, kwargs)
+        record = _guard.CaptureRecord(key, get_ident(), _guard.API_GRAPH, mode, stack)
     else:
         # Walked now: a raw capture_begin is often made by a helper that returns at once, and
         # its callers move on while the capture stays active.
@@ -82,6 +85,15 @@ def _capture_begin(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     result = wrapped(*args, **kwargs)
     _state.active[key] = record
     return result
+
+
+def _stack_of(frame: FrameType) -> Snapshot | LiveStack:
+    """Where a ``with torch.cuda.graph`` began, as cheaply as stays true (cgguard._frames)."""
+    # A running frame is enough to keep: it runs for the whole ``with`` body. A generator's or
+    # coroutine's frame is suspended at each yield, without callers: walk it now.
+    if frame.f_code.co_flags & _SUSPENDS:
+        return snapshot_from(frame)
+    return (frame, frame.f_lasti)
 
 
 def _capture_end(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
@@ -147,6 +159,7 @@ def patch_torch() -> None:
 def unpatch_torch() -> None:
     """Put back exactly what patch_torch() replaced."""
     release_device_sync()
+    _state.entering.clear()
     while _state.patches:
         owner, name, original = _state.patches.pop()
         if original is _ABSENT:

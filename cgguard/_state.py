@@ -9,15 +9,13 @@ capture path takes no lock.
 """
 
 # Cheap to import: no ``typing`` or ``__future__`` at runtime.
-import threading
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from cgguard._bridge import FlagSource
     from cgguard._config import Config
-    from cgguard._frames import Snapshot
+    from cgguard._frames import LiveStack, Snapshot
     from cgguard._guard import CaptureRecord
     from cgguard._ledger import Ledger
     from cgguard._report import Reporter
@@ -30,13 +28,9 @@ capture_changed_at: "Snapshot | None" = None
 active: "dict[int, CaptureRecord]" = {}
 
 
-class _Opening(threading.local):
-    """Per thread: the capture torch.cuda.graph.__enter__ checked, until its capture_begin."""
-
-    record: "CaptureRecord | None" = None
-
-
-opening = _Opening()
+# Captures that torch.cuda.graph.__enter__ checked and is about to begin, by id() of their
+# CUDAGraph: where each began, for the capture_begin that __enter__ then makes.
+entering: "dict[int, Snapshot | LiveStack]" = {}
 
 # Other frameworks' capture flags that cgguard follows (cgguard._bridge); all must allow.
 flag_sources: "list[FlagSource]" = []
@@ -71,7 +65,7 @@ def reset() -> None:
     global config, reporter, ledger, on_new_site
     set_flag(True, None)
     active.clear()
-    opening.record = None
+    entering.clear()
     flag_sources.clear()
     config = None
     reporter = None
