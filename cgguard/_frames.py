@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import linecache
+import opcode
 import os
 import sys
 from types import FrameType
@@ -19,6 +21,9 @@ Snapshot = tuple["CodeType | int", ...]
 
 # Bound the walk so a capture made from deep recursion still costs a fixed amount.
 MAX_DEPTH = 128
+# Caches keyed by code object: code made at run time (inductor, exec) would grow them without
+# end, so each starts again past this size.
+_CACHE_MAX = 4096
 
 
 class FrameInfo(TypedDict):
@@ -55,6 +60,54 @@ def snapshot_from(start: FrameType) -> Snapshot:
 # ``with`` body, so walked while the capture is active, its callers' lines are exact; it is
 # dropped at capture_end. A plain tuple, as the capture path makes one per capture.
 LiveStack = tuple["FrameType", int]
+
+
+# CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR: frames suspended at each yield, without
+# callers while they are.
+_SUSPENDS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+# The instructions that enter a ``with`` block (3.10: SETUP_WITH; 3.11 to 3.13: BEFORE_WITH).
+_ENTERS_WITH = frozenset(opcode.opmap.get(n, -1) for n in ("SETUP_WITH", "BEFORE_WITH"))
+# By id() (a code object's own hash walks its names and constants on every call): the offsets
+# where the code enters a ``with`` (none for a generator or coroutine), or None for wrapt's own
+# code. Each entry keeps its code object, and is used only for that very object.
+_with_entries: dict[int, tuple[CodeType, frozenset[int] | None]] = {}
+
+
+def with_stack(frame: FrameType) -> Snapshot | LiveStack:
+    """Where a ``with torch.cuda.graph(...)`` began, from the frame that called __enter__.
+
+    A frame stopped at the instruction that enters a ``with`` runs for the whole block, so
+    keeping it is enough and cheap. Anything else (a helper that calls ``__enter__()`` and
+    returns, ``ExitStack.enter_context``, a generator) is walked now.
+    """
+    caller: FrameType | None = frame
+    while caller is not None:
+        code = caller.f_code
+        cached = _with_entries.get(id(code))
+        entries = cached[1] if cached is not None and cached[0] is code else _learn(code)
+        if entries is None:  # wrapt's own frame, where its C extension is not in use
+            caller = caller.f_back
+        elif caller.f_lasti in entries:
+            return (caller, caller.f_lasti)
+        else:
+            return snapshot_from(caller)
+    return ()
+
+
+def _learn(code: CodeType) -> frozenset[int] | None:
+    import wrapt
+
+    entries: frozenset[int] | None = None
+    if not code.co_filename.startswith(os.path.join(os.path.dirname(wrapt.__file__), "")):
+        ops = code.co_code
+        suspends = code.co_flags & _SUSPENDS
+        entries = frozenset(
+            i for i in range(0, len(ops), 2) if ops[i] in _ENTERS_WITH and not suspends
+        )
+    if len(_with_entries) >= _CACHE_MAX:
+        _with_entries.clear()
+    _with_entries[id(code)] = (code, entries)
+    return entries
 
 
 def walk(stack: LiveStack) -> Snapshot:
@@ -131,10 +184,8 @@ def format_frames(frames: list[FrameInfo]) -> str:
     return "\n".join(lines)
 
 
-_visible: dict[CodeType, bool] = {}
+_visible: dict[int, tuple[CodeType, bool]] = {}  # by id(), as _with_entries
 _prefixes: tuple[str, ...] = ()
-# Code made at run time (inductor, exec) would grow the cache without end: start again past it.
-_VISIBLE_MAX = 4096
 
 
 def innermost_visible(stack: Snapshot) -> tuple[CodeType | None, int]:
@@ -144,11 +195,14 @@ def innermost_visible(stack: Snapshot) -> tuple[CodeType | None, int]:
         _prefixes = _hidden_prefixes()
     for i in range(0, len(stack), 2):
         code = cast("CodeType", stack[i])
-        visible = _visible.get(code)
-        if visible is None:
-            if len(_visible) >= _VISIBLE_MAX:
+        cached = _visible.get(id(code))
+        if cached is not None:
+            visible = cached[1]
+        else:
+            if len(_visible) >= _CACHE_MAX:
                 _visible.clear()
-            visible = _visible[code] = not code.co_filename.startswith(_prefixes)
+            visible = not code.co_filename.startswith(_prefixes)
+            _visible[id(code)] = (code, visible)
         if visible:
             return code, cast("int", stack[i + 1])
     return None, -1

@@ -140,6 +140,25 @@ def check_begin(api: str, key: int, mode: str, stack: Snapshot | LiveStack) -> C
     return record
 
 
+def recheck_concurrent(record: CaptureRecord) -> None:
+    """Report a capture another thread began while torch.cuda.graph prepared ``record``'s.
+
+    torch has switched the thread's stream by then, so this reports and never refuses.
+    """
+    try:
+        found = [
+            (rule, cause)
+            for rule, cause in find_violations(
+                True, record.thread_id, record.mode, list(_state.active.values())
+            )
+            if rule == CONCURRENT_CAPTURE
+        ]
+        if found:
+            _handle(found, record.api, record.stack, refuse=False)
+    except Exception as exc:
+        warn_once("guard", f"internal error while checking a capture, not checked: {exc!r}")
+
+
 def check_sync(api: str) -> None:
     """Check a synchronize call made by the caller's caller; report, maybe raise, before CUDA.
 
@@ -147,8 +166,18 @@ def check_sync(api: str) -> None:
     """
     if not _state.active:
         return
+    thread = get_ident()
+    config = _state.config
+    if (
+        config is not None
+        and config.action(NESTED_CAPTURE) != "off"
+        and any(entering_thread == thread for entering_thread, _ in list(_state.entering))
+    ):
+        # torch.cuda.graph.__enter__'s own synchronize, inside this thread's capture: reported
+        # already, as the nested capture it is part of.
+        return
     try:
-        cause = find_sync_violation(threading.get_ident(), list(_state.active.values()))
+        cause = find_sync_violation(thread, list(_state.active.values()))
         if cause is None:
             return
         stack = snapshot(2)  # from the caller of the wrapper that called us
@@ -161,9 +190,16 @@ def check_sync(api: str) -> None:
 
 
 def _handle(
-    found: list[tuple[str, CaptureRecord | None]], api: str, stack: Snapshot | LiveStack
+    found: list[tuple[str, CaptureRecord | None]],
+    api: str,
+    stack: Snapshot | LiveStack,
+    *,
+    refuse: bool = True,
 ) -> CaptureViolation | None:
-    """Count and report each violation; return the error to raise, if an action says raise."""
+    """Count and report each violation; return the error to raise, if an action says raise.
+
+    With ``refuse`` false, a raise action is reported as logged: it is too late to refuse.
+    """
     config, ledger, reporter = _state.config, _state.ledger, _state.reporter
     if config is None or ledger is None:
         return None
@@ -174,7 +210,7 @@ def _handle(
         action = config.action(rule)
         if action == "off":
             continue
-        raising = action == "raise"
+        raising = action == "raise" and refuse
         site, count = ledger.count(rule, code, lasti, api, "raised" if raising else "logged")
         event: dict[str, object] | None = None
         # Rendering is the expensive part: only for the first at a site, a raise, or listeners

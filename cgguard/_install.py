@@ -109,6 +109,7 @@ def _forget_parent() -> None:
     ledger = _state.ledger = Ledger()
     _state.on_new_site = _report_writer(config, ledger)
     _state.active.clear()
+    _state.entering.clear()
 
 
 def _report_writer(config: Config, ledger: Ledger) -> Callable[[], None] | None:

@@ -9,24 +9,16 @@ from __future__ import annotations
 
 import functools
 import importlib
-import inspect
 import sys
 from threading import get_ident
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import wrapt
 
 from cgguard import _guard, _state
-from cgguard._frames import snapshot, snapshot_from
-
-if TYPE_CHECKING:
-    from types import FrameType
-
-    from cgguard._frames import LiveStack, Snapshot
+from cgguard._frames import snapshot, with_stack
 
 _ABSENT = object()
-# CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR: frames that are suspended, not running.
-_SUSPENDS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 _STANDIN_MARKER = "__cgguard_standin__"
 
 
@@ -53,47 +45,41 @@ def _graph_enter(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     # Checked before torch's __enter__ runs: it synchronizes, empties the cache and switches the
     # current stream before capture_begin, and a refusal raised after that would leave the
     # thread on the capture stream for good, since __exit__ never runs.
-    key = id(instance.cuda_graph)
-    stack = _stack_of(sys._getframe(1))
-    if _state.active or not _state.capture_enabled or _state.flag_sources:
-        _guard.check_begin(_guard.API_GRAPH, key, instance.capture_error_mode, stack)
-    # Where the capture began, for the capture_begin that __enter__ makes: passed by graph,
-    # not through the active captures, as torch's own synchronize before it is no synchronize
-    # during a capture.
-    _state.entering[key] = stack
+    graph = id(instance.cuda_graph)
+    stack = with_stack(sys._getframe(1))
+    quiet = not _state.active and _state.capture_enabled and not _state.flag_sources
+    if not quiet:
+        _guard.check_begin(_guard.API_GRAPH, graph, instance.capture_error_mode, stack)
+    # For the capture_begin that __enter__ makes: where the capture began, and whether there
+    # was anything to check. Passed aside, not through the active captures: torch's own
+    # synchronize before capture_begin is no synchronize during a capture.
+    key = (get_ident(), graph)
+    _state.entering[key] = (stack, quiet)
     try:
         return wrapped(*args, **kwargs)
-    except BaseException:
+    finally:
         _state.entering.pop(key, None)
-        raise
 
 
 def _capture_begin(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    key = id(instance)
-    stack = _state.entering.pop(key, None)
-    if stack is not None:
+    graph, thread = id(instance), get_ident()
+    entry = _state.entering.pop((thread, graph), None)
+    mode = _error_mode(args, kwargs)
+    if entry is not None:
         # The capture_begin that torch.cuda.graph.__enter__ makes: checked by the wrapper
         # around __enter__; one capture, not two.
-        mode = _error_mode(args, kwargs)
-        record = _guard.CaptureRecord(key, get_ident(), _guard.API_GRAPH, mode, stack)
+        stack, quiet = entry
+        record = _guard.CaptureRecord(graph, thread, _guard.API_GRAPH, mode, stack)
+        if quiet and _state.active:
+            # Another thread began a capture while torch prepared this one.
+            _guard.recheck_concurrent(record)
     else:
         # Walked now: a raw capture_begin is often made by a helper that returns at once, and
         # its callers move on while the capture stays active.
-        record = _guard.check_begin(
-            _guard.API_CAPTURE_BEGIN, key, _error_mode(args, kwargs), snapshot(1)
-        )
+        record = _guard.check_begin(_guard.API_CAPTURE_BEGIN, graph, mode, snapshot(1))
     result = wrapped(*args, **kwargs)
-    _state.active[key] = record
+    _state.active[graph] = record
     return result
-
-
-def _stack_of(frame: FrameType) -> Snapshot | LiveStack:
-    """Where a ``with torch.cuda.graph`` began, as cheaply as stays true (cgguard._frames)."""
-    # A running frame is enough to keep: it runs for the whole ``with`` body. A generator's or
-    # coroutine's frame is suspended at each yield, without callers: walk it now.
-    if frame.f_code.co_flags & _SUSPENDS:
-        return snapshot_from(frame)
-    return (frame, frame.f_lasti)
 
 
 def _capture_end(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:

@@ -28,9 +28,9 @@ capture_changed_at: "Snapshot | None" = None
 active: "dict[int, CaptureRecord]" = {}
 
 
-# Captures that torch.cuda.graph.__enter__ checked and is about to begin, by id() of their
-# CUDAGraph: where each began, for the capture_begin that __enter__ then makes.
-entering: "dict[int, Snapshot | LiveStack]" = {}
+# Captures torch.cuda.graph.__enter__ is preparing, by (thread id, id() of the CUDAGraph):
+# where each began and whether there was nothing to check, for the capture_begin it makes.
+entering: "dict[tuple[int, int], tuple[Snapshot | LiveStack, bool]]" = {}
 
 # Other frameworks' capture flags that cgguard follows (cgguard._bridge); all must allow.
 flag_sources: "list[FlagSource]" = []
