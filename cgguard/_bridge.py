@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from cgguard import _importhook, _state
+from cgguard import _bootstrap, _state
 from cgguard._errors import ConfigError
 from cgguard._frames import snapshot
 
@@ -72,7 +72,7 @@ class _Follow:
         _state.flag_sources.append(source)
 
     def undo(self) -> None:
-        _importhook.cancel(self.module_name, self.apply)
+        _bootstrap.cancel(self.module_name, self.apply)
         if self.source is None:
             return
         if self.source in _state.flag_sources:
@@ -103,7 +103,7 @@ def _start(module: str, attribute: str, setter: str | None) -> _Follow:
     if module in sys.modules:
         follow.apply(sys.modules[module])
     else:
-        _importhook.when_imported(module, follow.apply)
+        _bootstrap.when_imported(module, follow.apply)
     return follow
 
 

@@ -9,7 +9,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING
 
-from cgguard import _bridge, _importhook, _state, _summary
+from cgguard import _bootstrap, _bridge, _state, _summary
 from cgguard._config import Config
 from cgguard._errors import ConfigError
 from cgguard._ledger import Ledger
@@ -47,7 +47,7 @@ def install(config: Config | None = None) -> None:
         if _state.patches:
             return
         if "torch" not in sys.modules:
-            _importhook.when_imported("torch", _patch_on_import)
+            _bootstrap.when_imported("torch", _patch_on_import)
             return
     # torch is imported, or being imported: perhaps by another thread, whose import the hook
     # missed. Wait for it to finish (at once if this thread is the importer), outside the
@@ -63,7 +63,7 @@ def uninstall() -> None:
     from cgguard._patches import unpatch_torch
 
     with _lock:
-        _importhook.cancel("torch", _patch_on_import)
+        _bootstrap.cancel("torch", _patch_on_import)
         _bridge.unfollow_all()
         if _state.patches:
             unpatch_torch()
