@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import cgguard
-from cgguard import _state
+from cgguard import _state, _warn
+from cgguard.testing import capture_violations
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -36,6 +37,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for marker, reason in skips.items():
             if reason is not None and item.get_closest_marker(marker):
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings() -> Iterator[None]:
+    """cgguard warns once per process; each test starts with nothing said yet."""
+    # Not through monkeypatch: taking that fixture here would delay its undo past the
+    # teardown of fixtures that check torch is back as it was.
+    said = set(_warn._said)
+    _warn._said.clear()
+    yield
+    _warn._said.clear()
+    _warn._said.update(said)
+
+
+@pytest.fixture
+def events() -> Iterator[list[dict[str, Any]]]:
+    """The full event of every violation reported during the test, in order."""
+    with capture_violations() as seen:
+        yield seen
 
 
 @pytest.fixture(autouse=True)

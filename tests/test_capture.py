@@ -17,7 +17,6 @@ from torch.cuda import graph as graph_taken_early
 
 import cgguard
 from cgguard import _state
-from cgguard.testing import capture_violations
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -44,12 +43,6 @@ def frame(marker: str, function: str) -> dict[str, object]:
     """The rendered frame cgguard must report for the line marked ``marker``."""
     line = line_of(marker)
     return {"file": __file__, "line": line, "function": function, "code": SOURCE[line - 1].strip()}
-
-
-@pytest.fixture
-def events() -> Iterator[list[dict[str, object]]]:
-    with capture_violations() as seen:
-        yield seen
 
 
 def install(mode: str = "raise") -> None:

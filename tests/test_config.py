@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 import cgguard
-from cgguard import _warn
 
 DEFAULTS = {
     "mode": "raise",
@@ -22,12 +21,6 @@ DEFAULTS = {
     "vllm_bridge": True,
 }
 RULES = ("capture_disabled", "nested_capture", "concurrent_capture", "sync_during_capture")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
-    """warn_once remembers keys process-wide; each test starts with none said."""
-    monkeypatch.setattr(_warn, "_said", set())
 
 
 def test_defaults() -> None:

@@ -6,12 +6,11 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
 import cgguard
-from cgguard import _guard, _state, _warn
+from cgguard import _guard, _state
 from cgguard._guard import (
     CAPTURE_DISABLED,
     CONCURRENT_CAPTURE,
@@ -20,10 +19,6 @@ from cgguard._guard import (
     find_sync_violation,
     find_violations,
 )
-from cgguard.testing import capture_violations
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
 
 SOURCE = Path(__file__).read_text().splitlines()
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
@@ -69,17 +64,6 @@ def stack_of(function: object) -> tuple[object, ...]:
 def frame(marker: str, function: str) -> dict[str, object]:
     (line,) = [n for n, text in enumerate(SOURCE, 1) if text.endswith(f"# {marker}")]
     return {"file": __file__, "line": line, "function": function, "code": SOURCE[line - 1].strip()}
-
-
-@pytest.fixture
-def events() -> Iterator[list[dict[str, object]]]:
-    with capture_violations() as seen:
-        yield seen
-
-
-@pytest.fixture(autouse=True)
-def _fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_warn, "_said", set())
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ import torch
 import wrapt
 
 import cgguard
-from cgguard import _patches, _state, _warn
+from cgguard import _patches, _state
 from cgguard.testing import simulated_cuda
 
 
@@ -35,11 +35,6 @@ def run_python(code: str) -> str:
     )
     assert (out.returncode, out.stderr) == (0, "")
     return out.stdout
-
-
-@pytest.fixture(autouse=True)
-def _fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_warn, "_said", set())
 
 
 def test_install_wraps_the_three_entry_points() -> None:

@@ -13,7 +13,6 @@ import pytest
 import structlog
 import structlog.testing
 
-from cgguard import _warn
 from cgguard._report import Reporter
 
 if TYPE_CHECKING:
@@ -124,12 +123,6 @@ EVENTS = [
     pytest.param(concurrent_event(), id="concurrent"),
     pytest.param(sync_event(), id="sync"),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
-    """warn_once remembers keys process-wide; each test starts with none said."""
-    monkeypatch.setattr(_warn, "_said", set())
 
 
 @pytest.fixture

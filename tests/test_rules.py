@@ -19,10 +19,9 @@ from torch.cuda import synchronize as synchronize_taken_early  # bound before an
 
 import cgguard
 from cgguard import _state
-from cgguard.testing import capture_violations
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
     from tests.conftest import Runtime
 
@@ -71,12 +70,6 @@ def totals() -> dict[str, int]:
     """Violations counted per rule by the installed ledger."""
     assert _state.ledger is not None
     return _state.ledger.totals()
-
-
-@pytest.fixture
-def events() -> Iterator[list[dict[str, Any]]]:
-    with capture_violations() as seen:
-        yield seen
 
 
 @pytest.fixture(autouse=True)
