@@ -102,7 +102,7 @@ def cgguard_violations(request: pytest.FixtureRequest) -> list[Event]:
 @pytest.fixture
 def simulated_cuda_runtime() -> Generator[SimulatedCuda, None, None]:
     """torch.cuda on cgguard's simulated CUDA runtime for one test; torch restored after it."""
-    # The same fixture as cgguard.testing.fixtures', defined here so the plugin imports it late.
+    # torch and the simulated runtime are imported here, when a test asks, never at plugin load.
     from cgguard.testing import simulated_cuda
 
     with simulated_cuda() as runtime:

@@ -17,8 +17,6 @@ from cgguard.testing import capture_violations
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-pytest_plugins = ["cgguard.testing.fixtures"]
-
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch

@@ -2,7 +2,7 @@
 
 The simulated runtime is a simulation: it lets torch's own Python code for CUDA graphs run on a
 CPU-only torch build and fails where CUDA would, but it runs no kernel and proves nothing about a
-real GPU. Use the pytest fixture with ``pytest_plugins = ["cgguard.testing.fixtures"]``.
+real GPU. Under pytest, the cgguard plugin's ``simulated_cuda_runtime`` fixture provides it.
 """
 
 from __future__ import annotations

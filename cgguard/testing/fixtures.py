@@ -1,21 +1,9 @@
-"""pytest fixtures for capture code: load with ``pytest_plugins = ["cgguard.testing.fixtures"]``."""
+"""pytest fixtures for capture code, for a project that runs with ``-p no:cgguard``.
 
-from __future__ import annotations
+The cgguard pytest plugin, registered when cgguard is installed, already provides them; load
+this module with ``pytest_plugins = ["cgguard.testing.fixtures"]`` only where the plugin is off.
+"""
 
-from typing import TYPE_CHECKING
+from cgguard.pytest_plugin import simulated_cuda_runtime
 
-import pytest
-
-from cgguard.testing import simulated_cuda
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
-
-    from cgguard.testing import SimulatedCuda
-
-
-@pytest.fixture
-def simulated_cuda_runtime() -> Iterator[SimulatedCuda]:
-    """torch.cuda on cgguard's simulated CUDA runtime for one test; torch restored after it."""
-    with simulated_cuda() as runtime:
-        yield runtime
+__all__ = ["simulated_cuda_runtime"]
