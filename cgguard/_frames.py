@@ -21,8 +21,8 @@ Snapshot = tuple["CodeType | int", ...]
 
 # Bound the walk so a capture made from deep recursion still costs a fixed amount.
 MAX_DEPTH = 128
-# Caches keyed by code object: code made at run time (inductor, exec) would grow them without
-# end, so each starts again past this size.
+# A cache keyed by code object: code made at run time (inductor, exec) would grow it without
+# end, so it starts again past this size.
 _CACHE_MAX = 4096
 
 
@@ -67,10 +67,6 @@ LiveStack = tuple["FrameType", int]
 _SUSPENDS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 # The instructions that enter a ``with`` block (3.10: SETUP_WITH; 3.11 to 3.13: BEFORE_WITH).
 _ENTERS_WITH = frozenset(opcode.opmap.get(n, -1) for n in ("SETUP_WITH", "BEFORE_WITH"))
-# By id() (a code object's own hash walks its names and constants on every call): the offsets
-# where the code enters a ``with`` (none for a generator or coroutine), or None for wrapt's own
-# code. Each entry keeps its code object, and is used only for that very object.
-_with_entries: dict[int, tuple[CodeType, frozenset[int] | None]] = {}
 
 
 def with_stack(frame: FrameType) -> Snapshot | LiveStack:
@@ -78,36 +74,17 @@ def with_stack(frame: FrameType) -> Snapshot | LiveStack:
 
     A frame stopped at the instruction that enters a ``with`` runs for the whole block, so
     keeping it is enough and cheap. Anything else (a helper that calls ``__enter__()`` and
-    returns, ``ExitStack.enter_context``, a generator) is walked now.
+    returns, ``ExitStack.enter_context``, a generator, wrapt's pure-Python wrapper, Pythons
+    whose ``with`` is a plain call) is walked now.
     """
-    caller: FrameType | None = frame
-    while caller is not None:
-        code = caller.f_code
-        cached = _with_entries.get(id(code))
-        entries = cached[1] if cached is not None and cached[0] is code else _learn(code)
-        if entries is None:  # wrapt's own frame, where its C extension is not in use
-            caller = caller.f_back
-        elif caller.f_lasti in entries:
-            return (caller, caller.f_lasti)
-        else:
-            return snapshot_from(caller)
-    return ()
-
-
-def _learn(code: CodeType) -> frozenset[int] | None:
-    import wrapt
-
-    entries: frozenset[int] | None = None
-    if not code.co_filename.startswith(os.path.join(os.path.dirname(wrapt.__file__), "")):
-        ops = code.co_code
-        suspends = code.co_flags & _SUSPENDS
-        entries = frozenset(
-            i for i in range(0, len(ops), 2) if ops[i] in _ENTERS_WITH and not suspends
-        )
-    if len(_with_entries) >= _CACHE_MAX:
-        _with_entries.clear()
-    _with_entries[id(code)] = (code, entries)
-    return entries
+    code, lasti = frame.f_code, frame.f_lasti
+    # co_code is cached on the code object, without specialisation or instrumentation; f_lasti
+    # is the byte offset of the instruction running. When a ``with`` calls __enter__ that is
+    # the with-entry itself, except on 3.10 where an EXTENDED_ARG before it (a body of over
+    # 255 instructions) is what f_lasti shows: that case is walked, exactly if less cheaply.
+    if code.co_code[lasti] in _ENTERS_WITH and not code.co_flags & _SUSPENDS:
+        return (frame, lasti)
+    return snapshot_from(frame)
 
 
 def walk(stack: LiveStack) -> Snapshot:
@@ -184,7 +161,9 @@ def format_frames(frames: list[FrameInfo]) -> str:
     return "\n".join(lines)
 
 
-_visible: dict[int, tuple[CodeType, bool]] = {}  # by id(), as _with_entries
+# By id(): a code object's own hash walks its names and constants on every call. Each entry
+# holds its code object, so that id() cannot be reused while the entry stands.
+_visible: dict[int, tuple[CodeType, bool]] = {}
 _prefixes: tuple[str, ...] = ()
 
 

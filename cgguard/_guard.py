@@ -10,7 +10,7 @@ import os
 import threading
 import time
 from threading import get_ident
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from cgguard import _state
 from cgguard._errors import (
@@ -65,24 +65,24 @@ _CAUSE_KEYS = {
 _RANK_VARIABLES = (("RANK", "rank"), ("LOCAL_RANK", "local_rank"), ("WORLD_SIZE", "world_size"))
 
 
-class CaptureRecord:
+class CaptureRecord(NamedTuple):
     """A capture attempt that passed, or was let through: who began it, where, and how."""
 
-    __slots__ = ("api", "key", "mode", "stack", "thread_id")
+    key: int  # id() of the CUDAGraph that holds the capture
+    thread_id: int
+    api: str
+    mode: str  # capture_error_mode: "global", "thread_local" or "relaxed"
+    stack: Snapshot | LiveStack
 
-    def __init__(
-        self,
-        key: int,
-        thread_id: int,
-        api: str,
-        mode: str,
-        stack: Snapshot | LiveStack,
-    ) -> None:
-        self.key = key  # id() of the CUDAGraph that holds the capture
-        self.thread_id = thread_id
-        self.api = api
-        self.mode = mode  # capture_error_mode: "global", "thread_local" or "relaxed"
-        self.stack = stack
+
+# A capture as the capture path keeps it: a plain tuple of CaptureRecord's fields, since a
+# NamedTuple's constructor costs several times a tuple display and most records are never read.
+Record = tuple[int, int, str, str, "Snapshot | LiveStack"]
+
+
+def active_records() -> list[CaptureRecord]:
+    """The active captures, each readable by name."""
+    return [CaptureRecord._make(record) for record in list(_state.active.values())]
 
 
 def find_violations(
@@ -127,10 +127,10 @@ def check_begin(api: str, key: int, mode: str, stack: Snapshot | LiveStack) -> C
     if not _state.active and _state.capture_enabled and not _state.flag_sources:
         return record
     try:
-        found = find_violations(is_capture_enabled(), thread_id, mode, list(_state.active.values()))
+        found = find_violations(is_capture_enabled(), thread_id, mode, active_records())
         if found:
             # Walked now, while the caller is where it tried: a report needs this stack exactly.
-            record.stack = resolve(stack)
+            record = record._replace(stack=resolve(stack))
         error = _handle(found, api, record.stack) if found else None
     except Exception as exc:
         warn_once("guard", f"internal error while checking a capture, not checked: {exc!r}")
@@ -140,16 +140,17 @@ def check_begin(api: str, key: int, mode: str, stack: Snapshot | LiveStack) -> C
     return record
 
 
-def recheck_concurrent(record: CaptureRecord) -> None:
-    """Report a capture another thread began while torch.cuda.graph prepared ``record``'s.
+def recheck_concurrent(begun: Record) -> None:
+    """Report a capture another thread began while torch.cuda.graph prepared ``begun``.
 
     torch has switched the thread's stream by then, so this reports and never refuses.
     """
     try:
+        record = CaptureRecord._make(begun)
         found = [
             (rule, cause)
             for rule, cause in find_violations(
-                True, record.thread_id, record.mode, list(_state.active.values())
+                True, record.thread_id, record.mode, active_records()
             )
             if rule == CONCURRENT_CAPTURE
         ]
@@ -177,7 +178,7 @@ def check_sync(api: str) -> None:
         # already, as the nested capture it is part of.
         return
     try:
-        cause = find_sync_violation(thread, list(_state.active.values()))
+        cause = find_sync_violation(thread, active_records())
         if cause is None:
             return
         stack = snapshot(2)  # from the caller of the wrapper that called us
@@ -314,8 +315,9 @@ def _event(
     elif cause.mode == "relaxed":
         event["message"] = (
             f"Synchronize during CUDA graph capture: {head} synchronizes while this thread's "
-            f"capture {began} is active; in capture_error_mode 'relaxed' CUDA lets it through, "
-            f"but it does not wait for the captured work, which has not run."
+            f"capture {began} is active; in capture_error_mode 'relaxed' CUDA lets it through "
+            f"unless it waits on the capturing stream itself, but it does not wait for the "
+            f"captured work, which has not run."
         )
     else:
         event["message"] = (

@@ -1,8 +1,11 @@
-"""The only module that touches torch: wrapt wrappers on its capture and synchronize entry points.
+"""The only module that touches torch: wrappers on its capture and synchronize entry points.
 
-The wrappers go on the classes themselves (``torch.cuda.graphs.graph`` and the real
-``CUDAGraph``), so references taken earlier, subclasses and ``from torch.cuda import graph`` are
-all covered. Arguments pass through untouched: the signatures differ across torch releases.
+They are wrapt wrappers, except two plain functions where wrapt's call protocol would cost more
+than the work itself on every capture: capture_end, and torch._C._cuda_synchronize, which
+torch.cuda.graph's own __enter__ calls. They go on the classes themselves
+(``torch.cuda.graphs.graph`` and the real ``CUDAGraph``), so references taken earlier,
+subclasses and ``from torch.cuda import graph`` are all covered. Arguments pass through
+untouched: the signatures differ across torch releases.
 """
 
 from __future__ import annotations
@@ -45,16 +48,20 @@ def _graph_enter(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     # Checked before torch's __enter__ runs: it synchronizes, empties the cache and switches the
     # current stream before capture_begin, and a refusal raised after that would leave the
     # thread on the capture stream for good, since __exit__ never runs.
-    graph = id(instance.cuda_graph)
+    graph, thread = id(instance.cuda_graph), get_ident()
     stack = with_stack(sys._getframe(1))
+    mode = instance.capture_error_mode
+    record: _guard.Record
     quiet = not _state.active and _state.capture_enabled and not _state.flag_sources
-    if not quiet:
-        _guard.check_begin(_guard.API_GRAPH, graph, instance.capture_error_mode, stack)
-    # For the capture_begin that __enter__ makes: where the capture began, and whether there
-    # was anything to check. Passed aside, not through the active captures: torch's own
-    # synchronize before capture_begin is no synchronize during a capture.
-    key = (get_ident(), graph)
-    _state.entering[key] = (stack, quiet)
+    if quiet:
+        record = (graph, thread, _guard.API_GRAPH, mode, stack)
+    else:
+        record = _guard.check_begin(_guard.API_GRAPH, graph, mode, stack)
+    # For the capture_begin that __enter__ makes: its record, and whether there was anything
+    # to check. Passed aside, not through the active captures: torch's own synchronize before
+    # capture_begin is no synchronize during a capture.
+    key = (thread, graph)
+    _state.entering[key] = (record, quiet)
     try:
         return wrapped(*args, **kwargs)
     finally:
@@ -62,32 +69,50 @@ def _graph_enter(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
 
 
 def _capture_begin(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    graph, thread = id(instance), get_ident()
-    entry = _state.entering.pop((thread, graph), None)
-    mode = _error_mode(args, kwargs)
+    graph = id(instance)
+    entry = _state.entering.pop((get_ident(), graph), None)
+    record: _guard.Record
     if entry is not None:
         # The capture_begin that torch.cuda.graph.__enter__ makes: checked by the wrapper
         # around __enter__; one capture, not two.
-        stack, quiet = entry
-        record = _guard.CaptureRecord(graph, thread, _guard.API_GRAPH, mode, stack)
+        record, quiet = entry
         if quiet and _state.active:
             # Another thread began a capture while torch prepared this one.
             _guard.recheck_concurrent(record)
     else:
         # Walked now: a raw capture_begin is often made by a helper that returns at once, and
         # its callers move on while the capture stays active.
-        record = _guard.check_begin(_guard.API_CAPTURE_BEGIN, graph, mode, snapshot(1))
+        record = _guard.check_begin(
+            _guard.API_CAPTURE_BEGIN, graph, _error_mode(args, kwargs), snapshot(1)
+        )
     result = wrapped(*args, **kwargs)
     _state.active[graph] = record
     return result
 
 
-def _capture_end(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        # Whether capture_end succeeded or not, CUDA has left capture mode on that stream.
-        _state.active.pop(id(instance), None)
+def _ends_capture(original: Any) -> Any:
+    """CUDAGraph.capture_end, forgetting the capture however capture_end ends.
+
+    A plain function, not a wrapt wrapper: it runs on every capture and does one dict pop, and
+    wrapt's binding and call protocol would cost several times that pop (about 1 us of the
+    capture path, benchmarks/capture_overhead.py). Put on the class, a function binds as the
+    method it replaces, so it covers subclasses as a wrapt wrapper would.
+    """
+
+    @functools.wraps(original)
+    def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            # Whether capture_end succeeded or not, CUDA has left capture mode on that stream.
+            _state.active.pop(id(self), None)
+
+    return capture_end
+
+
+def _wrapt(wrapper: Any) -> Any:
+    """What replaces an entry point with a wrapt wrapper around it."""
+    return lambda original: wrapt.FunctionWrapper(original, wrapper)
 
 
 def _checks_sync(api: str) -> Any:
@@ -123,18 +148,19 @@ def patch_torch() -> None:
     graphs = importlib.import_module("torch.cuda.graphs")
     streams = importlib.import_module("torch.cuda.streams")
     cuda_graph = real_class(graphs.CUDAGraph)
+    stream, event = real_class(streams.Stream), real_class(streams.Event)
     targets = (
-        (graphs.graph, "__enter__", _graph_enter),
-        (cuda_graph, "capture_begin", _capture_begin),
-        (cuda_graph, "capture_end", _capture_end),
+        (graphs.graph, "__enter__", _wrapt(_graph_enter)),
+        (cuda_graph, "capture_begin", _wrapt(_capture_begin)),
+        (cuda_graph, "capture_end", _ends_capture),
         # The Python methods on the real classes: subclasses and bound methods all land here.
-        (real_class(streams.Stream), "synchronize", _checks_sync(_guard.API_STREAM_SYNCHRONIZE)),
-        (real_class(streams.Event), "synchronize", _checks_sync(_guard.API_EVENT_SYNCHRONIZE)),
+        (stream, "synchronize", _wrapt(_checks_sync(_guard.API_STREAM_SYNCHRONIZE))),
+        (event, "synchronize", _wrapt(_checks_sync(_guard.API_EVENT_SYNCHRONIZE))),
     )
     try:
-        for owner, name, wrapper in targets:
+        for owner, name, replace in targets:
             original = owner.__dict__.get(name, _ABSENT)
-            setattr(owner, name, wrapt.FunctionWrapper(getattr(owner, name), wrapper))
+            setattr(owner, name, replace(getattr(owner, name)))
             _state.patches.append((owner, name, original))
         refresh_device_sync()
     except BaseException:

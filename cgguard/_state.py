@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 
     from cgguard._bridge import FlagSource
     from cgguard._config import Config
-    from cgguard._frames import LiveStack, Snapshot
-    from cgguard._guard import CaptureRecord
+    from cgguard._frames import Snapshot
+    from cgguard._guard import Record
     from cgguard._ledger import Ledger
     from cgguard._report import Reporter
 
@@ -25,12 +25,12 @@ capture_enabled: bool = True
 capture_changed_at: "Snapshot | None" = None
 
 # Captures begun and not yet ended, by id() of the CUDAGraph that holds them.
-active: "dict[int, CaptureRecord]" = {}
+active: "dict[int, Record]" = {}
 
 
-# Captures torch.cuda.graph.__enter__ is preparing, by (thread id, id() of the CUDAGraph):
-# where each began and whether there was nothing to check, for the capture_begin it makes.
-entering: "dict[tuple[int, int], tuple[Snapshot | LiveStack, bool]]" = {}
+# Captures torch.cuda.graph.__enter__ is preparing, by (thread id, id() of the CUDAGraph): the
+# record of each, and whether there was nothing to check, for the capture_begin it makes.
+entering: "dict[tuple[int, int], tuple[Record, bool]]" = {}
 
 # Other frameworks' capture flags that cgguard follows (cgguard._bridge); all must allow.
 flag_sources: "list[FlagSource]" = []

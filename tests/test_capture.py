@@ -16,7 +16,7 @@ import torch
 from torch.cuda import graph as graph_taken_early
 
 import cgguard
-from cgguard import _state
+from cgguard import _guard, _state
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -318,7 +318,7 @@ def test_threads_see_only_their_own_captures(runtime: Runtime) -> None:
 
     threads = [run_in_thread(capture), run_in_thread(capture)]
     both_capturing.wait(timeout=20)
-    owners = sorted(record.thread_id for record in _state.active.values())
+    owners = sorted(record.thread_id for record in _guard.active_records())
     assert owners == sorted(t.ident for t in threads if t.ident is not None)
     assert threading.get_ident() not in owners
     release.set()
@@ -471,3 +471,59 @@ def test_capture_begun_while_torch_prepares_another_is_concurrent(
     assert [(e["rule"], e["api"], e["action"]) for e in events] == [
         ("concurrent_capture", "torch.cuda.graph", "logged")
     ]
+
+
+@pytest.mark.simulated
+def test_synchronize_made_by_capture_begin_once_capturing_is_reported(
+    events: list[dict[str, Any]],
+) -> None:
+    """A graph whose capture_begin synchronizes once capturing, inside __enter__: reported."""
+    from cgguard.testing import simulated_cuda
+
+    with simulated_cuda():
+        install("log")
+
+        class Syncing(torch.cuda.CUDAGraph):  # type: ignore[misc, name-defined]
+            def capture_begin(self, *args: Any, **kwargs: Any) -> None:
+                super().capture_begin(*args, **kwargs)
+                torch.cuda.synchronize()  # @syncs-once-capturing
+
+        # Relaxed: CUDA lets a device-wide synchronize through, so the capture goes on.
+        with torch.cuda.graph(Syncing(), capture_error_mode="relaxed"):
+            pass
+    rules = [(e["rule"], e["api"]) for e in events]
+    assert rules == [("sync_during_capture", "torch.cuda.synchronize")]
+    assert events[0]["stack"][-1] == frame("@syncs-once-capturing", "capture_begin")
+
+
+@pytest.mark.simulated
+def test_capture_made_while_torch_prepares_another_on_one_thread(
+    events: list[dict[str, Any]],
+) -> None:
+    """A capture made by a hook inside torch.cuda.graph's __enter__ leaves the outer one whole."""
+    from cgguard.testing import simulated_cuda
+
+    with simulated_cuda():
+        install("log")
+        empty_cache, hooked = torch._C._host_emptyCache, []
+
+        def capturing_empty_cache() -> None:
+            empty_cache()
+            if not hooked:
+                hooked.append(True)
+                with torch.cuda.graph(torch.cuda.CUDAGraph()):  # @hook-captures
+                    pass
+
+        # Set by hand, inside the simulation that owns the attribute and takes it away on exit.
+        torch._C._host_emptyCache = capturing_empty_cache
+        try:
+            with cgguard.capture_disabled(), torch.cuda.graph(torch.cuda.CUDAGraph()):  # @prepared
+                pass
+        finally:
+            torch._C._host_emptyCache = empty_cache
+    # Each capture checked once, as the torch.cuda.graph it is: none again at capture_begin.
+    assert [(e["rule"], e["api"], e["stack"][-1]["line"]) for e in events] == [
+        ("capture_disabled", "torch.cuda.graph", line_of("@prepared")),
+        ("capture_disabled", "torch.cuda.graph", line_of("@hook-captures")),
+    ]
+    assert (_state.entering, _state.active) == ({}, {})

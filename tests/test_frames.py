@@ -11,6 +11,7 @@ import functools
 import gc
 import importlib.util
 import os
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from cgguard._frames import FrameInfo, Snapshot
 
 SAMPLE = """\
+import sys
 import weakref
 
 import cgguard._frames as frames
@@ -80,6 +82,33 @@ class Tensor:
 def holding():
     tensor = Tensor()
     return frames.snapshot(0), weakref.ref(tensor)
+
+
+class Entering:
+    def __enter__(self):
+        self.kept = frames.with_stack(sys._getframe(1))
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def with_statement():
+    with Entering() as entered:
+        return entered.kept, frames.resolve(entered.kept)
+
+
+def enter_by_hand():
+    return Entering().__enter__().kept
+
+
+def generator_with():
+    with Entering() as entered:
+        yield entered.kept
+
+
+def first_of_generator():
+    return next(generator_with())
 """
 SAMPLE_LINES = SAMPLE.splitlines()
 
@@ -270,3 +299,34 @@ def test_format_frames_like_a_traceback() -> None:
 def test_format_frames_empty() -> None:
     """format_frames() of no frames is the empty string."""
     assert _frames.format_frames([]) == ""
+
+
+def test_with_stack_keeps_the_frame_running_a_with_statement(sample: Sample) -> None:
+    """Entered by a ``with`` statement, the stack is that frame, walked exactly while it runs."""
+    kept, walked = sample.run_bare(sample.module.with_statement)
+    assert (type(kept[0]), kept[0].f_code) == (FrameType, sample.module.with_statement.__code__)
+    assert _frames.render(walked) == [
+        sample.main_frame(),
+        sample.frame("with Entering() as entered:", "with_statement"),
+    ]
+
+
+def test_with_stack_walks_an_enter_called_by_hand_at_once(sample: Sample) -> None:
+    """``__enter__()`` called by a function that moves on is walked then, not kept live."""
+    kept = sample.run_bare(sample.module.enter_by_hand)
+    assert not isinstance(kept[0], FrameType)
+    assert _frames.render(kept) == [
+        sample.main_frame(),
+        sample.frame("return Entering().__enter__().kept", "enter_by_hand"),
+    ]
+
+
+def test_with_stack_walks_a_generator_at_once(sample: Sample) -> None:
+    """A ``with`` in a generator is walked then: suspended, the generator has no callers."""
+    kept = sample.run_bare(sample.module.first_of_generator)
+    assert not isinstance(kept[0], FrameType)
+    assert _frames.render(kept) == [
+        sample.main_frame(),
+        sample.frame("return next(generator_with())", "first_of_generator"),
+        sample.frame("with Entering() as entered:", "generator_with"),
+    ]

@@ -575,7 +575,7 @@ def test_failing_listener_does_not_stop_the_report(
 def test_sync_during_a_relaxed_capture_says_cuda_lets_it_through(
     events: list[dict[str, object]],
 ) -> None:
-    """In relaxed mode CUDA permits the synchronize: the message says so, not that it fails."""
+    """In relaxed mode CUDA permits a device synchronize: the message says so, not that it fails."""
     cgguard.install()
     mine = CaptureRecord(
         5, threading.get_ident(), _guard.API_CAPTURE_BEGIN, "relaxed", stack_of(outer_begins)
@@ -591,5 +591,6 @@ def test_sync_during_a_relaxed_capture_says_cuda_lets_it_through(
         f"Synchronize during CUDA graph capture: torch.cuda.synchronize at {where_user} "
         f"synchronizes while this thread's capture begun at {where_outer} via "
         "CUDAGraph.capture_begin is active; in capture_error_mode 'relaxed' CUDA lets it "
-        "through, but it does not wait for the captured work, which has not run."
+        "through unless it waits on the capturing stream itself, but it does not wait for the "
+        "captured work, which has not run."
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 import textwrap
@@ -45,8 +46,26 @@ def test_install_wraps_the_three_entry_points() -> None:
     changed = sorted(name for name in before if before[name] is not after[name])
     assert changed == ["CUDAGraph.capture_begin", "CUDAGraph.capture_end", "graph.__enter__"]
     for name in changed:
-        assert isinstance(after[name], wrapt.FunctionWrapper)
         assert after[name].__wrapped__ is before[name]  # type: ignore[attr-defined]
+    wrapped_by = {name: type(after[name]).__name__ for name in changed}
+    assert wrapped_by == {
+        "CUDAGraph.capture_begin": "FunctionWrapper",
+        "CUDAGraph.capture_end": "function",  # a plain function: it runs on every capture
+        "graph.__enter__": "FunctionWrapper",
+    }
+
+
+def test_capture_end_keeps_what_introspection_sees() -> None:
+    """The plain capture_end wrapper reads as torch's own: name, qualname, doc and signature."""
+    original = torch.cuda.graphs.CUDAGraph.capture_end
+    cgguard.install()
+    patched = torch.cuda.graphs.CUDAGraph.capture_end
+    assert patched is not original
+    seen = [
+        (f.__name__, f.__qualname__, f.__module__, f.__doc__, inspect.signature(f))
+        for f in (original, patched)
+    ]
+    assert seen[0] == seen[1]
 
 
 def test_install_is_idempotent() -> None:

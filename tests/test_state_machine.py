@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import cgguard
 from cgguard import _state
+from cgguard._guard import CaptureRecord
 from cgguard.testing import capture_violations, simulated_cuda
 
 pytestmark = pytest.mark.simulated
@@ -153,7 +154,7 @@ class CaptureMachine(RuleBasedStateMachine):
     def views_agree(self) -> None:
         by_thread: dict[int, set[int]] = {}
         for key, record in _state.active.items():
-            by_thread.setdefault(record.thread_id, set()).add(key)
+            by_thread.setdefault(CaptureRecord._make(record).thread_id, set()).add(key)
         model = {w.ident: {id(c.graph) for c in w.captures} for w in self.workers if w.captures}
         assert by_thread == model
         driver = {(c.thread, c.graph_id) for c in self.simulation.active_captures()}

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import cgguard
-from cgguard import _state
+from cgguard import _guard, _state
 from cgguard.testing import SimulatedCudaError, capture_violations, simulated_cuda
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ def run_workers() -> tuple[list[threading.Thread], list[int]]:
         barrier.wait()  # F
         barrier.wait()  # G
         barrier.wait()  # H
-        owners = sorted(r.thread_id for r in _state.active.values())
+        owners = sorted(r.thread_id for r in _guard.active_records())
         torch.cuda.synchronize()  # not capturing here: no violation, and CUDA allows it
         barrier.wait()  # I
     except threading.BrokenBarrierError:
