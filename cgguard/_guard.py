@@ -114,7 +114,7 @@ def find_sync_violation(thread_id: int, active: Iterable[CaptureRecord]) -> Capt
     return None
 
 
-def check_begin(api: str, key: int, mode: str, stack: Snapshot | LiveStack) -> CaptureRecord:
+def check_begin(api: str, key: int, mode: str, stack: Snapshot | LiveStack) -> Record:
     """Check a capture attempt; report and possibly raise; else return its record.
 
     The caller adds the record to ``_state.active`` once the capture has begun. Raises a
@@ -122,22 +122,21 @@ def check_begin(api: str, key: int, mode: str, stack: Snapshot | LiveStack) -> C
     is cgguard's own: it is reported once and the capture goes on.
     """
     thread_id = get_ident()
-    record = CaptureRecord(key, thread_id, api, mode, stack)
     # The common case costs three reads: nothing capturing, capture enabled, no other flag.
     if not _state.active and _state.capture_enabled and not _state.flag_sources:
-        return record
+        return (key, thread_id, api, mode, stack)
     try:
         found = find_violations(is_capture_enabled(), thread_id, mode, active_records())
         if found:
             # Walked now, while the caller is where it tried: a report needs this stack exactly.
-            record = record._replace(stack=resolve(stack))
-        error = _handle(found, api, record.stack) if found else None
+            stack = resolve(stack)
+        error = _handle(found, api, stack) if found else None
     except Exception as exc:
         warn_once("guard", f"internal error while checking a capture, not checked: {exc!r}")
-        return record
+        return (key, thread_id, api, mode, stack)
     if error is not None:
         raise error
-    return record
+    return (key, thread_id, api, mode, stack)
 
 
 def recheck_concurrent(begun: Record) -> None:

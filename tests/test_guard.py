@@ -170,7 +170,7 @@ def test_check_begin_returns_the_record_to_activate() -> None:
     """A legal attempt comes back as a record for this thread, not yet active."""
     cgguard.install()
     stack = stack_of(plugin_captures)
-    got = _guard.check_begin(_guard.API_CAPTURE_BEGIN, 42, "relaxed", stack)
+    got = CaptureRecord._make(_guard.check_begin(_guard.API_CAPTURE_BEGIN, 42, "relaxed", stack))
     assert (got.key, got.thread_id, got.api, got.mode, got.stack) == (
         42,
         threading.get_ident(),
@@ -235,7 +235,9 @@ def test_nested_event_is_the_documented_schema(events: list[dict[str, object]]) 
         5, threading.get_ident(), _guard.API_CAPTURE_BEGIN, "global", stack_of(outer_begins)
     )
     _state.active[outer.key] = outer
-    got = _guard.check_begin(_guard.API_GRAPH, 6, "global", stack_of(plugin_captures))
+    got = CaptureRecord._make(
+        _guard.check_begin(_guard.API_GRAPH, 6, "global", stack_of(plugin_captures))
+    )
     assert got.key == 6
     (event,) = events
     where_plugin = f"{__file__}:{frame('@plugin', 'plugin_captures')['line']} (in plugin_captures)"
@@ -268,7 +270,9 @@ def test_concurrent_event_is_the_documented_schema(events: list[dict[str, object
     cgguard.install()
     other = CaptureRecord(5, 12345, _guard.API_GRAPH, "global", stack_of(other_begins))
     _state.active[other.key] = other
-    got = _guard.check_begin(_guard.API_CAPTURE_BEGIN, 6, "thread_local", stack_of(plugin_captures))
+    got = CaptureRecord._make(
+        _guard.check_begin(_guard.API_CAPTURE_BEGIN, 6, "thread_local", stack_of(plugin_captures))
+    )
     assert got.key == 6
     (event,) = events
     where_plugin = f"{__file__}:{frame('@plugin', 'plugin_captures')['line']} (in plugin_captures)"
@@ -455,7 +459,9 @@ def test_rule_off_is_silent_and_uncounted(mode: str, events: list[dict[str, obje
     mine, other = record(threading.get_ident(), 1), record(12345, 2)
     _state.active.update({1: mine, 2: other})
     _state.set_flag(False, None)
-    got = _guard.check_begin(_guard.API_GRAPH, 3, "global", stack_of(plugin_captures))
+    got = CaptureRecord._make(
+        _guard.check_begin(_guard.API_GRAPH, 3, "global", stack_of(plugin_captures))
+    )
     user_synchronizes()
     assert _state.ledger is not None
     assert (got.key, events, _state.ledger.totals()) == (3, [], {})
@@ -527,7 +533,9 @@ def test_internal_error_lets_the_capture_through(
 
     monkeypatch.setattr(_guard, "find_violations", broken)
     for key in (1, 2):
-        assert _guard.check_begin(_guard.API_GRAPH, key, "global", ()).key == key
+        assert (
+            CaptureRecord._make(_guard.check_begin(_guard.API_GRAPH, key, "global", ())).key == key
+        )
     assert capsys.readouterr().err == (
         "cgguard: internal error while checking a capture, not checked: LookupError('guard bug')\n"
     )
