@@ -110,7 +110,7 @@ def _ends_capture(original: Any) -> Any:
     return capture_end
 
 
-def _wrapt(wrapper: Any) -> Any:
+def _wrapt_wrapper(wrapper: Any) -> Any:
     """What replaces an entry point with a wrapt wrapper around it."""
     return lambda original: wrapt.FunctionWrapper(original, wrapper)
 
@@ -150,12 +150,12 @@ def patch_torch() -> None:
     cuda_graph = real_class(graphs.CUDAGraph)
     stream, event = real_class(streams.Stream), real_class(streams.Event)
     targets = (
-        (graphs.graph, "__enter__", _wrapt(_graph_enter)),
-        (cuda_graph, "capture_begin", _wrapt(_capture_begin)),
+        (graphs.graph, "__enter__", _wrapt_wrapper(_graph_enter)),
+        (cuda_graph, "capture_begin", _wrapt_wrapper(_capture_begin)),
         (cuda_graph, "capture_end", _ends_capture),
         # The Python methods on the real classes: subclasses and bound methods all land here.
-        (stream, "synchronize", _wrapt(_checks_sync(_guard.API_STREAM_SYNCHRONIZE))),
-        (event, "synchronize", _wrapt(_checks_sync(_guard.API_EVENT_SYNCHRONIZE))),
+        (stream, "synchronize", _wrapt_wrapper(_checks_sync(_guard.API_STREAM_SYNCHRONIZE))),
+        (event, "synchronize", _wrapt_wrapper(_checks_sync(_guard.API_EVENT_SYNCHRONIZE))),
     )
     try:
         for owner, name, replace in targets:
