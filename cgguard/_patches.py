@@ -145,6 +145,10 @@ def patch_torch() -> None:
     """Wrap torch's capture and synchronize entry points. Raises if torch is not as expected."""
     if _state.patches:
         return
+    # No capture recorded before these patches can end through them: one a capture_begin
+    # wrapper recorded while another thread uninstalled would otherwise stay active for good.
+    _state.active.clear()
+    _state.entering.clear()
     graphs = importlib.import_module("torch.cuda.graphs")
     streams = importlib.import_module("torch.cuda.streams")
     cuda_graph = real_class(graphs.CUDAGraph)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import inspect
+import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 import torch
@@ -256,3 +258,39 @@ def test_installing_twice_before_torch_leaves_no_hook_after_uninstall() -> None:
         """
     )
     assert out == "0 False\n"
+
+
+@pytest.mark.simulated
+def test_reinstall_forgets_a_capture_recorded_while_uninstalling(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A capture_begin that outlives uninstall() on another thread leaves no stale capture."""
+    with simulated_cuda() as simulation:
+        cgguard.install(cgguard.Config(log_file=os.devnull))
+        inside, resume = threading.Event(), threading.Event()
+        begin = type(simulation)._capture_begin
+
+        def paused_begin(self: object, *args: object) -> object:
+            if threading.current_thread().name == "capturing":
+                inside.set()
+                assert resume.wait(timeout=20)
+            return begin(self, *args)
+
+        monkeypatch.setattr(type(simulation), "_capture_begin", paused_begin)
+
+        def capture() -> None:
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                pass
+
+        thread = threading.Thread(target=capture, name="capturing")
+        thread.start()
+        assert inside.wait(timeout=20)
+        cgguard.uninstall()  # while that thread is inside the capture_begin wrapper
+        resume.set()
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+        cgguard.install(cgguard.Config(log_file=os.devnull))
+        # Not refused as concurrent with, or nested in, a capture that ended long ago.
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            pass
+        assert _state.active == {}
