@@ -9,7 +9,6 @@ its plugins' packages, would warn (an error under ``filterwarnings = error``) th
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from cgguard._bridge import follow_flag
     from cgguard._config import Config
     from cgguard._errors import (
         CaptureDisabledError,
@@ -26,7 +25,8 @@ if TYPE_CHECKING:
         is_capture_enabled,
         set_capture_enabled,
     )
-    from cgguard._install import install, is_installed, uninstall
+    from cgguard._follow import follow_flag
+    from cgguard._install import Status, install, is_installed, status, uninstall
     from cgguard._version import __version__
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "NestedCaptureError",
+    "Status",
     "SyncDuringCaptureError",
     "__version__",
     "capture_disabled",
@@ -46,6 +47,7 @@ __all__ = [
     "is_capture_enabled",
     "is_installed",
     "set_capture_enabled",
+    "status",
     "uninstall",
 ]
 
@@ -58,13 +60,15 @@ _HOMES = {
     "ConfigError": "_errors",
     "NestedCaptureError": "_errors",
     "SyncDuringCaptureError": "_errors",
-    "follow_flag": "_bridge",
+    "follow_flag": "_follow",
     "capture_disabled": "_flag",
     "capture_enabled": "_flag",
     "is_capture_enabled": "_flag",
     "set_capture_enabled": "_flag",
     "install": "_install",
     "is_installed": "_install",
+    "status": "_install",
+    "Status": "_install",
     "uninstall": "_install",
     "__version__": "_version",
 }

@@ -7,8 +7,10 @@ import os
 from collections.abc import Mapping
 from typing import Literal, NoReturn
 
-from cgguard import _environ
+from cgguard import _settings
 from cgguard._errors import ConfigError
+from cgguard._rules import ACTIONS, NAMES, RULES
+from cgguard._settings import BOOL, PATH, SETTINGS
 from cgguard._warn import warn_once
 
 Mode = Literal["raise", "log"]
@@ -16,19 +18,6 @@ Action = Literal["raise", "log", "off"]
 LogFormat = Literal["json", "console"]
 LogTarget = Literal["stderr", "file", "logging"]
 Capture = Literal["enabled", "disabled"]
-
-RULES = _environ.RULES
-# The diagnostics: they log whatever the global mode, unless a per-rule setting says otherwise.
-_DIAGNOSTICS = ("concurrent_capture", "sync_during_capture")
-
-_CHOICES: dict[str, tuple[object, ...]] = {
-    "mode": ("raise", "log"),
-    "log_format": (None, "json", "console"),
-    "log_target": (None, "stderr", "file", "logging"),
-    "capture": (None, "enabled", "disabled"),
-    "simulate_cuda": (False, True),
-    "vllm_bridge": (False, True),
-}
 
 
 class Rules(dict[str, Action]):
@@ -64,27 +53,25 @@ class Config:
     activation. ``vllm_bridge``: follow vLLM's capture flag when vLLM is imported.
     """
 
-    mode: Mode = "raise"
+    # The types are here for type checkers; values and defaults come from cgguard._settings.
+    mode: Mode = dataclasses.field(default=SETTINGS["mode"].default)
     rules: Mapping[str, Action] = dataclasses.field(default_factory=dict)
-    log_format: LogFormat | None = None
-    log_file: str | None = None
-    log_target: LogTarget | None = None
-    report: str | None = None
-    capture: Capture | None = None
-    simulate_cuda: bool = False
-    vllm_bridge: bool = True
+    log_format: LogFormat | None = dataclasses.field(default=SETTINGS["log_format"].default)
+    log_file: str | None = dataclasses.field(default=SETTINGS["log_file"].default)
+    log_target: LogTarget | None = dataclasses.field(default=SETTINGS["log_target"].default)
+    report: str | None = dataclasses.field(default=SETTINGS["report"].default)
+    capture: Capture | None = dataclasses.field(default=SETTINGS["capture"].default)
+    simulate_cuda: bool = dataclasses.field(default=SETTINGS["simulate_cuda"].default)
+    vllm_bridge: bool = dataclasses.field(default=SETTINGS["vllm_bridge"].default)
 
     def __post_init__(self) -> None:
-        for field, choices in _CHOICES.items():
-            value = getattr(self, field)
-            # ``is`` for booleans: 1 == True, but Config(simulate_cuda=1) is a mistake.
-            if not any(value is c if isinstance(c, bool) else value == c for c in choices):
-                shown = ", ".join(repr(c) for c in choices)
-                raise ConfigError(f"Config({field}={value!r}): accepted values are {shown}")
-        for field in ("log_file", "report"):
-            value = getattr(self, field)
-            if value is not None and (not isinstance(value, str) or not value):
-                raise ConfigError(f"Config({field}={value!r}): accepted values are None or a path")
+        for setting in SETTINGS.values():
+            value = getattr(self, setting.field)
+            if not _accepts(setting.choices, setting.default, value):
+                raise ConfigError(
+                    f"Config({setting.field}={value!r}): accepted values are "
+                    f"{_shown(setting.choices, setting.default)}"
+                )
         if self.log_target == "file" and self.log_file is None:
             raise ConfigError("Config(log_target='file'): needs log_file, a path")
         if not isinstance(self.rules, Mapping):
@@ -92,10 +79,10 @@ class Config:
                 f"Config(rules={self.rules!r}): accepted values are a mapping of rule to action"
             )
         for rule, action in self.rules.items():
-            if rule not in RULES or action not in _environ.ACTIONS:
+            if rule not in RULES or action not in ACTIONS:
                 raise ConfigError(
                     f"Config(rules={{{rule!r}: {action!r}}}): accepted rules are "
-                    f"{', '.join(RULES)}; actions are {', '.join(_environ.ACTIONS)}"
+                    f"{', '.join(NAMES)}; actions are {', '.join(ACTIONS)}"
                 )
         # A read-only copy: a caller's dict changed later must not change this configuration.
         object.__setattr__(self, "rules", Rules(self.rules))
@@ -105,7 +92,12 @@ class Config:
         chosen = self.rules.get(rule)
         if chosen is not None:
             return chosen
-        return "log" if rule in _DIAGNOSTICS else self.mode
+        return "log" if RULES[rule].diagnostic else self.mode
+
+    def as_dict(self) -> dict[str, object]:
+        """The configuration as plain JSON-ready values."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return fields | {"rules": dict(self.rules)}
 
     def target(self) -> LogTarget:
         """Where events go: the explicit target, else the file when one is set, else stderr."""
@@ -120,8 +112,28 @@ class Config:
         A value that is not accepted is ignored with one line on stderr (when ``warn``), so a
         typo in a deployment never stops the program.
         """
-        values, _, problems = _environ.read(environ)
+        values, _, problems = _settings.read(environ)
         if warn:
             for line in problems:
                 warn_once(line, line)
         return cls(**values)  # type: ignore[arg-type]  # _environ.read checked every value
+
+
+def _accepts(choices: tuple[str, ...], default: object, value: object) -> bool:
+    if choices is BOOL:
+        # ``is``: 1 == True, but Config(simulate_cuda=1) is a mistake.
+        return value is True or value is False
+    if value is None and default is None:
+        return True
+    if choices is PATH:
+        return isinstance(value, str) and bool(value)
+    return isinstance(value, str) and value in choices
+
+
+def _shown(choices: tuple[str, ...], default: object) -> str:
+    if choices is BOOL:
+        return "False, True"
+    if choices is PATH:
+        return "None or a path"
+    shown = ", ".join(repr(c) for c in choices)
+    return f"None, {shown}" if default is None else shown

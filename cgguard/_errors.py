@@ -1,6 +1,9 @@
 """The exceptions cgguard raises, all under one root."""
 
-from __future__ import annotations
+# Imported at start-up when a rule variable is set: no ``typing`` or ``__future__`` here.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 
 class CgguardError(Exception):
@@ -18,11 +21,11 @@ class CaptureViolation(CgguardError, RuntimeError):  # noqa: N818 - the public n
     ``event`` is the violation's full event, as reported (see the README's event schema).
     """
 
-    rule: str = ""
+    rule: str = ""  # the rule's name; cgguard._rules builds its table from these
 
-    def __init__(self, message: str, event: dict[str, object] | None = None) -> None:
+    def __init__(self, message: str, event: "Mapping[str, object] | None" = None) -> None:
         super().__init__(message)
-        self.event: dict[str, object] = event if event is not None else {}
+        self.event: Mapping[str, object] = event if event is not None else {}
 
 
 class CaptureDisabledError(CaptureViolation):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cgguard import _state
+from cgguard import _guard
 from cgguard._frames import snapshot
+from cgguard._guard import FLAG
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -22,12 +23,13 @@ def set_capture_enabled(enabled: bool) -> None:
         raise TypeError(
             f"set_capture_enabled(enabled={enabled!r}): accepted values are True, False"
         )
-    _state.set_flag(enabled, snapshot(1))
+    FLAG.set(enabled, snapshot(1))
 
 
 def is_capture_enabled() -> bool:
     """Whether a CUDA-graph capture may begin now: cgguard's flag and every flag it follows."""
-    return _state.capture_enabled and all(source.enabled() for source in _state.flag_sources)
+    guard = _guard.current
+    return guard.is_capture_enabled() if guard is not None else FLAG.enabled
 
 
 class _FlagSetting:
@@ -39,8 +41,8 @@ class _FlagSetting:
 
     def __enter__(self) -> None:
         # A stack of saved values, so that one object entered twice still nests.
-        self._saved.append((_state.capture_enabled, _state.capture_changed_at))
-        _state.set_flag(self._enabled, snapshot(1))
+        self._saved.append((FLAG.enabled, FLAG.changed_at))
+        FLAG.set(self._enabled, snapshot(1))
 
     def __exit__(
         self,
@@ -48,7 +50,7 @@ class _FlagSetting:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        _state.set_flag(*self._saved.pop())
+        FLAG.set(*self._saved.pop())
 
 
 def capture_disabled() -> _FlagSetting:

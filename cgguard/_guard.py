@@ -1,35 +1,36 @@
-"""The rules: whether a capture may begin, or a synchronize run, now; and what happens if not.
+"""What happens when a capture begins, when it ends and when a synchronize runs.
 
-Plain Python over plain values (the flag, the active captures, a thread id): no torch here, so
-every rule is testable without it. cgguard._patches calls in at torch's entry points.
+A ``Guard`` is one installation: its configuration, its event log and ledger, the flags it
+follows, and the captures it has seen begin and not end. cgguard._patches puts its methods on
+torch's entry points; they take plain values (a graph, its arguments, the calling frame), so
+every rule here is testable without torch. Which rules exist is cgguard._rules's table.
+
+Whether a capture may begin is decided from cgguard's own state alone, before anything is
+reported: no failure while building or writing a report can let a refused capture through.
 """
 
 from __future__ import annotations
 
-import os
-import threading
-import time
+import functools
+import sys
 from threading import get_ident
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-from cgguard import _state
-from cgguard._errors import (
-    CaptureDisabledError,
-    CaptureViolation,
-    ConcurrentCaptureError,
-    NestedCaptureError,
-    SyncDuringCaptureError,
-)
-from cgguard._flag import is_capture_enabled
-from cgguard._frames import LiveStack, innermost_visible, render, resolve, snapshot, where
-from cgguard._ledger import worth_logging
+from cgguard import _events
+from cgguard._frames import innermost_visible, resolve, snapshot, with_stack
+from cgguard._ledger import Ledger, worth_logging
+from cgguard._patchset import PatchSet
+from cgguard._rules import RULES, Cause
 from cgguard._warn import warn_once
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
+    from types import ModuleType
 
-    from cgguard._frames import FrameInfo, Snapshot
-    from cgguard._ledger import Site
+    from cgguard._config import Action, Config
+    from cgguard._errors import CaptureViolation
+    from cgguard._events import ViolationEvent
+    from cgguard._frames import LiveStack, Snapshot
 
 API_GRAPH = "torch.cuda.graph"
 API_CAPTURE_BEGIN = "CUDAGraph.capture_begin"
@@ -37,317 +38,398 @@ API_SYNCHRONIZE = "torch.cuda.synchronize"
 API_STREAM_SYNCHRONIZE = "Stream.synchronize"
 API_EVENT_SYNCHRONIZE = "Event.synchronize"
 
-CAPTURE_DISABLED = "capture_disabled"
-NESTED_CAPTURE = "nested_capture"
-CONCURRENT_CAPTURE = "concurrent_capture"
-SYNC_DURING_CAPTURE = "sync_during_capture"
-
-# vLLM's own words for the same rule, so that searches for its error find this one too.
-DISABLED_SENTENCE = (
-    "CUDA graph capturing detected at an inappropriate time. This operation is currently disabled."
-)
-
-_ERRORS: dict[str, type[CaptureViolation]] = {
-    CAPTURE_DISABLED: CaptureDisabledError,
-    NESTED_CAPTURE: NestedCaptureError,
-    CONCURRENT_CAPTURE: ConcurrentCaptureError,
-    SYNC_DURING_CAPTURE: SyncDuringCaptureError,
-}
-
-# Where each rule's cause goes in the event.
-_CAUSE_KEYS = {
-    CAPTURE_DISABLED: "disabled_stack",
-    NESTED_CAPTURE: "outer_stack",
-    CONCURRENT_CAPTURE: "other_stack",
-    SYNC_DURING_CAPTURE: "capture_stack",
-}
-
-_RANK_VARIABLES = (("RANK", "rank"), ("LOCAL_RANK", "local_rank"), ("WORLD_SIZE", "world_size"))
-
-
-class CaptureRecord(NamedTuple):
-    """A capture attempt that passed, or was let through: who began it, where, and how."""
-
-    key: int  # id() of the CUDAGraph that holds the capture
-    thread_id: int
-    api: str
-    mode: str  # capture_error_mode: "global", "thread_local" or "relaxed"
-    stack: Snapshot | LiveStack
-
-
-# A capture as the capture path keeps it: a plain tuple of CaptureRecord's fields, since a
-# NamedTuple's constructor costs several times a tuple display and most records are never read.
+# A capture that has begun, as the capture path keeps it: a plain tuple, since anything with a
+# constructor of its own costs several times a tuple display, and most records are never read.
+# (id() of the CUDAGraph, thread id, api, capture_error_mode, where it began)
 Record = tuple[int, int, str, str, "Snapshot | LiveStack"]
 
+Found = list[tuple[str, "Record | None"]]  # (rule, the capture that caused it, if any)
 
-def active_records() -> list[CaptureRecord]:
-    """The active captures, each readable by name."""
-    return [CaptureRecord._make(record) for record in list(_state.active.values())]
+# torch's CUDAGraph::capture_end refuses before cudaStreamEndCapture when called on another
+# stream than the capture's (aten/src/ATen/cuda/CUDAGraph.cpp: TORCH_CHECK(stream ==
+# capture_stream_, ...)); the capture then goes on. Every later failure comes after CUDA has
+# ended the capture, successfully or not.
+_STILL_CAPTURING = "Capture must end on the same stream it began on"
 
 
-def find_violations(
-    enabled: bool, thread_id: int, mode: str, active: Iterable[CaptureRecord]
-) -> list[tuple[str, CaptureRecord | None]]:
+class CaptureFlag:
+    """The process-wide capture flag, and where it was last changed (None: by configuration).
+
+    It is the program's, not an installation's: a program disables capture whether or not, and
+    before or after, cgguard is installed, so it outlives install() and uninstall().
+    """
+
+    __slots__ = ("changed_at", "enabled")
+
+    def __init__(self) -> None:
+        self.enabled = True
+        self.changed_at: Snapshot | None = None
+
+    def set(self, enabled: bool, changed_at: Snapshot | None) -> None:
+        # Origin first: a reader that sees the new value must not see the old origin.
+        self.changed_at = changed_at
+        self.enabled = enabled
+
+
+FLAG = CaptureFlag()
+
+# The installation in effect, if any: set by install(), dropped by uninstall(). The capture
+# path never reads it; the hooks on torch are bound to their own Guard.
+current: Guard | None = None
+
+# Called with every violation's full event, whatever the logging (cgguard.testing, the pytest
+# plugin). Process-wide, like the flag: a test subscribes before it installs.
+LISTENERS: list[Callable[[ViolationEvent], None]] = []
+
+
+class FlagSource:
+    """Another framework's capture flag: a module attribute, and where its setter last set it."""
+
+    def __init__(self, module: ModuleType, attribute: str) -> None:
+        self.module = module
+        self.attribute = attribute
+        self.label = f"{module.__name__}.{attribute}"
+        self.changed_at: Snapshot | None = None
+
+    def enabled(self) -> bool:
+        """The flag's value; a flag that cannot be read allows, with one warning naming it."""
+        try:
+            return bool(getattr(self.module, self.attribute, True))
+        except Exception as exc:
+            warn_once(f"flag:{self.label}", f"cannot read {self.label}, not followed: {exc!r}")
+            return True
+
+
+class Guard:
+    """One installation of cgguard, and the capture path that consults it."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        flag: CaptureFlag = FLAG,
+        listeners: list[Callable[[ViolationEvent], None]] = LISTENERS,
+        log: Any = None,
+        report: Any = None,
+    ) -> None:
+        self.config = config
+        self.flag = flag
+        self.listeners = listeners
+        self.log = log  # has emit(event): cgguard._log.EventLog, or None to say nothing
+        # has write(ledger), called when a violation is first seen at a site, and forget_lock():
+        # cgguard._report.ReportFile, or None
+        self.report = report
+        self.ledger = Ledger()
+        # What cgguard._patches put on torch: its entry points, and torch._C._cuda_synchronize,
+        # which comes and goes with the simulated runtime on CPU builds.
+        self.patches = PatchSet()
+        # The simulation may remove its synchronize first: then there is nothing to put back.
+        self.device_sync = PatchSet(keep_newer=True)
+        self.follows: list[FlagSource] = []
+        # Captures begun and not yet ended, by id() of the CUDAGraph that holds them. Mutated
+        # in place only: the capture_end function binds this very dict.
+        self.active: dict[int, Record] = {}
+        # Captures torch.cuda.graph.__enter__ is preparing, by (thread id, id() of the graph):
+        # the record for the capture_begin it makes, and the captures active when it checked.
+        self.entering: dict[tuple[int, int], tuple[Record, tuple[int, ...]]] = {}
+
+    def forget_run(self) -> None:
+        """A forked child's fresh start: no parent's counts, captures or locks.
+
+        The patches bind this object, so the child keeps it and starts its run state anew:
+        {pid} reports summed across a job must not count the parent's violations twice, and
+        the parent's captures belong to threads the child lacks.
+        """
+        self.ledger = Ledger()
+        self.active.clear()
+        self.entering.clear()
+        if self.report is not None:
+            self.report.forget_lock()
+
+    def is_capture_enabled(self) -> bool:
+        """cgguard's flag and every followed flag allow a capture now."""
+        return self.flag.enabled and all(source.enabled() for source in list(self.follows))
+
+    # The capture path. Each entry point does the least work that keeps the record of active
+    # captures true, and leaves everything else to the slow path below.
+
+    def graph_enter(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        """torch.cuda.graph.__enter__ (a wrapt wrapper)."""
+        # Checked before torch's __enter__ runs: it synchronizes, empties the cache and switches
+        # the current stream before capture_begin, and a refusal raised after that would leave
+        # the thread on the capture stream for good, since __exit__ never runs.
+        graph, thread = id(instance.cuda_graph), get_ident()
+        stack = with_stack(sys._getframe(1))
+        record = self.check_begin(API_GRAPH, graph, instance.capture_error_mode, stack)
+        # For the capture_begin that __enter__ makes: passed aside, not through the active
+        # captures, since torch's own synchronize before capture_begin is no synchronize during
+        # a capture; with it, which captures were active when this one was checked.
+        key = (thread, graph)
+        self.entering[key] = (record, tuple(self.active) if self.active else ())
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            self.entering.pop(key, None)
+
+    def capture_begin(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        """CUDAGraph.capture_begin (a wrapt wrapper)."""
+        graph = id(instance)
+        entry = self.entering.pop((get_ident(), graph), None)
+        if entry is None:
+            # Walked now: a raw capture_begin is often made by a helper that returns at once,
+            # and its callers move on while the capture stays active.
+            mode = _error_mode(args, kwargs)
+            record = self.check_begin(API_CAPTURE_BEGIN, graph, mode, snapshot(1))
+        else:
+            # The capture_begin of a torch.cuda.graph, checked when __enter__ began; a capture
+            # another thread began while torch prepared this one was not.
+            record, seen = entry
+            if self.active:
+                self._recheck_concurrent(record, seen)
+        result = wrapped(*args, **kwargs)
+        self.active[graph] = record
+        return result
+
+    def make_capture_end(self, original: Any) -> Any:
+        """CUDAGraph.capture_end, forgetting the capture once CUDA has ended it.
+
+        A plain function, not a wrapt wrapper: it runs on every capture and does one dict pop,
+        and wrapt's binding and call protocol would cost several times that (about 1 us of the
+        capture path, benchmarks/capture_overhead.py). Put on the class, a function binds as
+        the method it replaces, so it covers subclasses as a wrapt wrapper would.
+        """
+        active = self.active
+
+        @functools.wraps(original)
+        def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                result = original(self, *args, **kwargs)
+            except BaseException as exc:
+                if _STILL_CAPTURING not in str(exc):
+                    active.pop(id(self), None)
+                raise
+            active.pop(id(self), None)
+            return result
+
+        return capture_end
+
+    def checks_sync(self, api: str) -> Callable[[Any, Any, Any, Any], Any]:
+        """A wrapt wrapper for a synchronize method: checked while this thread may capture."""
+
+        def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+            if self.active:  # nothing capturing, nothing to check
+                self.check_sync(api)
+            return wrapped(*args, **kwargs)
+
+        return wrapper
+
+    def make_device_sync(self, original: Any) -> Any:
+        """torch._C._cuda_synchronize, checked.
+
+        A plain function, not a wrapt wrapper: torch.cuda.graph.__enter__ calls this on every
+        capture, a C function has no binding or signature for wrapt to preserve, and wrapt's
+        call protocol costs more here than the rest of the capture path together.
+        """
+        active = self.active
+
+        @functools.wraps(original)
+        def synchronize(*args: Any, **kwargs: Any) -> Any:
+            if active:  # nothing capturing, nothing to check
+                self.check_sync(API_SYNCHRONIZE)
+            return original(*args, **kwargs)
+
+        return synchronize
+
+    # The slow path: something is capturing, capture is disabled, or a flag is followed.
+
+    def check_begin(self, api: str, key: int, mode: str, stack: Snapshot | LiveStack) -> Record:
+        """Check a capture attempt; report, and raise if an action says raise; else its record.
+
+        The caller adds the record to ``active`` once the capture has begun.
+        """
+        thread = get_ident()
+        # The common case costs three reads: nothing capturing, capture enabled, no followed flag.
+        if not self.active and self.flag.enabled and not self.follows:
+            return (key, thread, api, mode, stack)
+        try:
+            found = find_violations(
+                self.is_capture_enabled(), thread, mode, list(self.active.values())
+            )
+        except Exception as exc:
+            warn_once(
+                "guard:begin", f"internal error while checking a capture, not checked: {exc!r}"
+            )
+            found = []
+        if found:
+            error = self._violated(found, api, stack, refuse=True)
+            if error is not None:
+                raise error
+        return (key, thread, api, mode, stack)
+
+    def _recheck_concurrent(self, begun: Record, seen: tuple[int, ...]) -> None:
+        """Report a capture another thread began while torch.cuda.graph prepared ``begun``.
+
+        torch has switched the thread's stream by then, so this reports and never refuses.
+        """
+        _, thread, api, mode, stack = begun
+        try:
+            since = [r for k, r in list(self.active.items()) if k not in seen]
+            found = [
+                (rule, cause)
+                for rule, cause in find_violations(True, thread, mode, since)
+                if rule == "concurrent_capture"
+            ]
+        except Exception as exc:
+            warn_once(
+                "guard:recheck", f"internal error while checking a capture, not checked: {exc!r}"
+            )
+            return
+        if found:
+            self._violated(found, api, stack, refuse=False)
+
+    def check_sync(self, api: str) -> None:
+        """Check a synchronize made by the caller's caller; report, maybe raise, before CUDA."""
+        thread = get_ident()
+        try:
+            if self.config.action("nested_capture") != "off" and any(
+                entering_thread == thread for entering_thread, _ in list(self.entering)
+            ):
+                # torch.cuda.graph.__enter__'s own synchronize, inside this thread's capture:
+                # reported already, as the nested capture it is part of.
+                return
+            cause = find_sync_violation(thread, list(self.active.values()))
+        except Exception as exc:
+            warn_once(
+                "guard:sync", f"internal error while checking a synchronize, not checked: {exc!r}"
+            )
+            return
+        if cause is None:
+            return
+        error = self._violated([("sync_during_capture", cause)], api, snapshot(2), refuse=True)
+        if error is not None:
+            raise error
+
+    def _violated(
+        self, found: Found, api: str, stack: Snapshot | LiveStack, *, refuse: bool
+    ) -> CaptureViolation | None:
+        """Count and report each violation; return the error to raise, if an action says raise.
+
+        Refusal is decided first, from the configuration alone. With ``refuse`` false (too late
+        to refuse), a raise action is reported as logged.
+        """
+        acting = [(rule, cause, self.config.action(rule)) for rule, cause in found]
+        acting = [(rule, cause, action) for rule, cause, action in acting if action != "off"]
+        refusing = [rule for rule, _, action in acting if refuse and action == "raise"]
+        try:
+            return self._report(acting, api, stack, refuse=refuse)
+        except Exception as exc:
+            warn_once("guard:report", f"internal error while reporting a violation: {exc!r}")
+            if not refusing:
+                return None
+            rule = RULES[refusing[0]]
+            # Refused all the same, with what is known without the report.
+            message = f"{rule.name}: {api} refused (cgguard could not build the report: {exc!r})"
+            return rule.error(message, {"rule": rule.name, "api": api})
+
+    def _report(
+        self,
+        acting: list[tuple[str, Record | None, Action]],
+        api: str,
+        stack: Snapshot | LiveStack,
+        *,
+        refuse: bool,
+    ) -> CaptureViolation | None:
+        stack = resolve(stack)
+        code, lasti = innermost_visible(stack)
+        error: CaptureViolation | None = None
+        for rule, cause, action in acting:
+            raising = action == "raise" and refuse
+            taken = "raised" if raising else "logged"
+            site, count = self.ledger.count(rule, code, lasti, api, taken)
+            event: ViolationEvent | None = None  # built only where needed
+            # Rendering is the expensive part: only for the first at a site, a raise, or
+            # listeners that must see every violation in full.
+            if count == 1 or raising or self.listeners:
+                event = self._event(rule, api, stack, cause, action=taken, count=count)
+                if count == 1:
+                    site.first = event
+                    if self.report is not None:
+                        self.report.write(self.ledger)
+                self._publish(event)
+            if self.log is not None:
+                if count == 1 and event is not None:
+                    self.log.emit(event)
+                elif worth_logging(count):
+                    self.log.emit(_events.repeat(site, count, self.ledger.where(site)))
+            if raising and error is None and event is not None:
+                error = RULES[rule].error(event["message"], event)
+        return error
+
+    def _event(
+        self, rule: str, api: str, stack: Snapshot, cause: Record | None, *, action: str, count: int
+    ) -> ViolationEvent:
+        if cause is not None:
+            _, thread, began_by, mode, began_at = cause
+            told = Cause(f"begun at {{where}} via {began_by}", thread, mode)
+            return _events.violation(
+                rule, api, stack, resolve(began_at), told, action=action, count=count
+            )
+        label, origin = self._disabled_by()
+        if origin is not None:
+            told = Cause("capture was disabled at {where}")
+        elif label is None:
+            told = Cause("capture was disabled by cgguard's configuration at start")
+        else:
+            told = Cause(f"capture was disabled by {label}")
+        return _events.violation(rule, api, stack, origin, told, action=action, count=count)
+
+    def _disabled_by(self) -> tuple[str | None, Snapshot | None]:
+        """Which flag disables capture: (a label, or None for cgguard's own; where it was set)."""
+        if not self.flag.enabled:
+            return None, self.flag.changed_at
+        for source in list(self.follows):
+            if not source.enabled():
+                return source.label, source.changed_at
+        return None, None
+
+    def _publish(self, event: ViolationEvent) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener(event)
+            except Exception as exc:
+                warn_once("listener", f"a violation listener failed: {exc!r}")
+
+
+def find_violations(enabled: bool, thread_id: int, mode: str, active: Iterable[Record]) -> Found:
     """The rules a capture attempt on ``thread_id`` in ``mode`` breaks, each with its cause."""
-    found: list[tuple[str, CaptureRecord | None]] = []
+    found: Found = []
     if not enabled:
-        found.append((CAPTURE_DISABLED, None))
+        found.append(("capture_disabled", None))
     nested = concurrent = None
     for record in active:
-        if record.thread_id == thread_id:
+        _, thread, _, other_mode, _ = record
+        if thread == thread_id:
             nested = nested or record
-        elif "global" in (mode, record.mode):
+        elif "global" in (mode, other_mode):
             # CUDA's global mode: one thread's unsafe call invalidates another's capture.
             concurrent = concurrent or record
     if nested is not None:
-        found.append((NESTED_CAPTURE, nested))
+        found.append(("nested_capture", nested))
     if concurrent is not None:
-        found.append((CONCURRENT_CAPTURE, concurrent))
+        found.append(("concurrent_capture", concurrent))
     return found
 
 
-def find_sync_violation(thread_id: int, active: Iterable[CaptureRecord]) -> CaptureRecord | None:
+def find_sync_violation(thread_id: int, active: Iterable[Record]) -> Record | None:
     """The capture a synchronize on ``thread_id`` would break, if any."""
     for record in active:
-        if record.thread_id == thread_id:
+        if record[1] == thread_id:  # its thread
             return record
     return None
 
 
-def check_begin(api: str, key: int, mode: str, stack: Snapshot | LiveStack) -> Record:
-    """Check a capture attempt; report and possibly raise; else return its record.
-
-    The caller adds the record to ``_state.active`` once the capture has begun. Raises a
-    CaptureViolation when a rule is broken and its action is raise. Any other failure in here
-    is cgguard's own: it is reported once and the capture goes on.
-    """
-    thread_id = get_ident()
-    # The common case costs three reads: nothing capturing, capture enabled, no other flag.
-    if not _state.active and _state.capture_enabled and not _state.flag_sources:
-        return (key, thread_id, api, mode, stack)
-    try:
-        found = find_violations(is_capture_enabled(), thread_id, mode, active_records())
-        if found:
-            # Walked now, while the caller is where it tried: a report needs this stack exactly.
-            stack = resolve(stack)
-        error = _handle(found, api, stack) if found else None
-    except Exception as exc:
-        warn_once("guard", f"internal error while checking a capture, not checked: {exc!r}")
-        return (key, thread_id, api, mode, stack)
-    if error is not None:
-        raise error
-    return (key, thread_id, api, mode, stack)
-
-
-def recheck_concurrent(begun: Record) -> None:
-    """Report a capture another thread began while torch.cuda.graph prepared ``begun``.
-
-    torch has switched the thread's stream by then, so this reports and never refuses.
-    """
-    try:
-        record = CaptureRecord._make(begun)
-        found = [
-            (rule, cause)
-            for rule, cause in find_violations(
-                True, record.thread_id, record.mode, active_records()
-            )
-            if rule == CONCURRENT_CAPTURE
-        ]
-        if found:
-            _handle(found, record.api, record.stack, refuse=False)
-    except Exception as exc:
-        warn_once("guard", f"internal error while checking a capture, not checked: {exc!r}")
-
-
-def check_sync(api: str) -> None:
-    """Check a synchronize call made by the caller's caller; report, maybe raise, before CUDA.
-
-    The stack is taken only once a violation is found.
-    """
-    if not _state.active:
-        return
-    thread = get_ident()
-    config = _state.config
-    if (
-        config is not None
-        and config.action(NESTED_CAPTURE) != "off"
-        and any(entering_thread == thread for entering_thread, _ in list(_state.entering))
-    ):
-        # torch.cuda.graph.__enter__'s own synchronize, inside this thread's capture: reported
-        # already, as the nested capture it is part of.
-        return
-    try:
-        cause = find_sync_violation(thread, active_records())
-        if cause is None:
-            return
-        stack = snapshot(2)  # from the caller of the wrapper that called us
-        error = _handle([(SYNC_DURING_CAPTURE, cause)], api, stack)
-    except Exception as exc:
-        warn_once("guard", f"internal error while checking a synchronize, not checked: {exc!r}")
-        return
-    if error is not None:
-        raise error
-
-
-def _handle(
-    found: list[tuple[str, CaptureRecord | None]],
-    api: str,
-    stack: Snapshot | LiveStack,
-    *,
-    refuse: bool = True,
-) -> CaptureViolation | None:
-    """Count and report each violation; return the error to raise, if an action says raise.
-
-    With ``refuse`` false, a raise action is reported as logged: it is too late to refuse.
-    """
-    config, ledger, reporter = _state.config, _state.ledger, _state.reporter
-    if config is None or ledger is None:
-        return None
-    stack = resolve(stack)
-    code, lasti = innermost_visible(stack)
-    error: CaptureViolation | None = None
-    for rule, cause in found:
-        action = config.action(rule)
-        if action == "off":
-            continue
-        raising = action == "raise" and refuse
-        site, count = ledger.count(rule, code, lasti, api, "raised" if raising else "logged")
-        event: dict[str, object] | None = None
-        # Rendering is the expensive part: only for the first at a site, a raise, or listeners
-        # that must see every violation in full.
-        if count == 1 or raising or _state.listeners:
-            action_taken = "raised" if raising else "logged"
-            event = _event(rule, api, stack, cause, action=action_taken, count=count)
-            if count == 1:
-                site.first = event
-                if _state.on_new_site is not None:
-                    _state.on_new_site()
-            _publish(event)
-        if reporter is not None:
-            if count == 1 and event is not None:
-                reporter.emit(event)
-            elif worth_logging(count):
-                reporter.emit(_repeat_event(site, count, ledger.where(site)))
-        if raising and error is None and event is not None:
-            error = _ERRORS[rule](str(event["message"]), event)
-    return error
-
-
-def _common(rule: str, api: str, action: str, count: int) -> dict[str, object]:
-    """The keys every violation event starts with, in schema order."""
-    now = time.time()
-    thread = threading.current_thread()
-    event: dict[str, object] = {
-        "event": "cgguard.capture_violation",
-        "level": "error" if action == "raised" else "warning",
-        "rule": rule,
-        "action": action,
-        "api": api,
-        "message": "",
-        "count": count,
-        "thread": thread.name,
-        "thread_id": thread.ident,
-        "pid": os.getpid(),
-    }
-    event.update(ranks())
-    event["timestamp"] = timestamp(now)
-    return event
-
-
-def ranks() -> dict[str, object]:
-    """RANK, LOCAL_RANK and WORLD_SIZE where set: a distributed job's reports, told apart."""
-    found: dict[str, object] = {}
-    for variable, key in _RANK_VARIABLES:
-        value = os.environ.get(variable)
-        if value is not None:
-            found[key] = int(value) if value.isdigit() else value
-    return found
-
-
-def timestamp(now: float) -> str:
-    """ISO 8601 in UTC with microseconds."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
-
-
-def _event(
-    rule: str,
-    api: str,
-    stack: Snapshot,
-    cause: CaptureRecord | None,
-    *,
-    action: str,
-    count: int,
-) -> dict[str, object]:
-    """The violation as the full event the README documents."""
-    event = _common(rule, api, action, count)
-    frames = render(stack)
-    event["stack"] = frames
-    head = f"{api} at {where(frames)}"
-    if rule == CAPTURE_DISABLED:
-        label, origin = _disabled_by()
-        disabled = render(origin) if origin is not None else None
-        event["disabled_stack"] = disabled
-        if disabled is not None:
-            reason = f"capture was disabled at {where(disabled)}"
-        elif label is None:
-            reason = "capture was disabled by cgguard's configuration at start"
-        else:
-            reason = f"capture was disabled by {label}"
-        event["message"] = f"{DISABLED_SENTENCE} {head} began a capture; {reason}."
-        return event
-    assert cause is not None  # noqa: S101 - every other rule comes with its cause
-    cause_frames = render(resolve(cause.stack))
-    event[_CAUSE_KEYS[rule]] = cause_frames
-    began = f"begun at {where(cause_frames)} via {cause.api}"
-    if rule == NESTED_CAPTURE:
-        event["message"] = (
-            f"Nested CUDA graph capture is not supported: {head} began a capture while this "
-            f"thread's capture {began} is still active."
-        )
-    elif rule == CONCURRENT_CAPTURE:
-        event["other_thread_id"] = cause.thread_id
-        event["message"] = (
-            f"Concurrent CUDA graph capture: {head} began a capture while thread "
-            f"{cause.thread_id} has a capture {began}, and one of them uses capture_error_mode "
-            f"'global', in which one thread's unsafe call invalidates the other's capture."
-        )
-    elif cause.mode == "relaxed":
-        event["message"] = (
-            f"Synchronize during CUDA graph capture: {head} synchronizes while this thread's "
-            f"capture {began} is active; in capture_error_mode 'relaxed' CUDA lets it through "
-            f"unless it waits on the capturing stream itself, but it does not wait for the "
-            f"captured work, which has not run."
-        )
-    else:
-        event["message"] = (
-            f"Synchronize during CUDA graph capture: {head} synchronizes while this thread's "
-            f"capture {began} is active; CUDA fails it ('operation not permitted when stream is "
-            f"capturing') and invalidates the capture."
-        )
-    return event
-
-
-def _disabled_by() -> tuple[str | None, Snapshot | None]:
-    """Which flag disables capture: (a label, or None for cgguard's own; where it was set)."""
-    if not _state.capture_enabled:
-        return None, _state.capture_changed_at
-    for source in _state.flag_sources:
-        if not source.enabled():
-            return source.label, source.changed_at
-    return None, None
-
-
-def _repeat_event(site: Site, count: int, top: FrameInfo | None) -> dict[str, object]:
-    """A brief report of a repeat: the count and the site, no stacks."""
-    event = _common(site.rule, site.api, site.action, count)
-    event["message"] = f"repeated {count} times at {where([top] if top else [])}"
-    event["site"] = top
-    return event
-
-
-def _publish(event: dict[str, object]) -> None:
-    for listener in list(_state.listeners):
-        try:
-            listener(event)
-        except Exception as exc:
-            warn_once("listener", f"a violation listener failed: {exc!r}")
+def _error_mode(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    # capture_begin(pool=None, capture_error_mode="global", ...) in every supported release.
+    if "capture_error_mode" in kwargs:
+        return str(kwargs["capture_error_mode"])
+    return str(args[1]) if len(args) > 1 else "global"

@@ -9,9 +9,10 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING
 
-from cgguard import _environ
-from cgguard._cli import BOOT_DIR, program_environ, run_parser
+from cgguard import _settings
 from cgguard._config import Config
+from cgguard._rules import NAMES
+from cgguard._runner import BOOT_DIR, program_environ, run_parser
 from cgguard._version import __version__, distribution_version
 
 if TYPE_CHECKING:
@@ -21,8 +22,8 @@ if TYPE_CHECKING:
 # Run in a fresh child started the way the runner starts programs: is torch patched there?
 _MARK = "cgguard-child-check:"
 _CHILD_CHECK = (
-    "import torch, cgguard._state as s, cgguard._bootstrap as b; "
-    f"print({_MARK!r}, len(s.patches), b.activated_by or 'nothing')"
+    "import torch, cgguard; s = cgguard.status(); "
+    f"print({_MARK!r}, len(s.patched), s.activated_by or 'nothing')"
 )
 
 
@@ -36,22 +37,17 @@ def _pth_files() -> list[str]:
 
 
 def _configuration(environ: Mapping[str, str]) -> list[str]:
-    _, sources, problems = _environ.read(environ)
+    _, sources, problems = _settings.read(environ)
     config = Config.from_environ(environ, warn=False)
-    enabled = environ.get(_environ.ENABLED, "")
-    lines = [f"  {'enabled':<14} {enabled or '(unset)':<12} ({_environ.ENABLED})"]
-    unset = {
-        "log_format": "json, or console when stderr is a terminal",
-        "log_file": "none",
-        "log_target": config.target(),
-        "report": "none",
-        "capture": "as it is (enabled at start)",
-    }
-    for field, _ in _environ.VARIABLES.values():
+    enabled = environ.get(_settings.ENABLED, "")
+    lines = [f"  {'enabled':<14} {enabled or '(unset)':<12} ({_settings.ENABLED})"]
+    for field, setting in _settings.SETTINGS.items():
         value = getattr(config, field)
-        shown = unset[field] if value is None else value
+        shown = value
+        if value is None:
+            shown = config.target() if field == "log_target" else setting.unset
         lines.append(f"  {field:<14} {shown!s:<12} ({sources.get(field, 'default')})")
-    for rule in _environ.RULES:
+    for rule in NAMES:
         source = sources.get(f"rules.{rule}", "default")
         lines.append(f"  {'rule':<14} {rule}: {config.action(rule)} ({source})")
     lines += [f"  warning: {line}" for line in problems]

@@ -1,27 +1,56 @@
-"""install() and uninstall(): configuration in, patches on torch now or when torch is imported."""
+"""install(), uninstall() and status(): an installation built from a configuration, its hooks
+on torch now or when torch is imported, and what it is doing."""
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import importlib
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
-from cgguard import _bootstrap, _bridge, _state, _summary
+from cgguard import _events, _follow, _guard, _startup
 from cgguard._config import Config
 from cgguard._errors import ConfigError
-from cgguard._ledger import Ledger
-from cgguard._report import Reporter
+from cgguard._guard import FLAG, Guard
+from cgguard._log import EventLog
+from cgguard._report import ReportFile
 from cgguard._warn import warn_once
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from types import ModuleType
 
+PATCH_ON_IMPORT = "cgguard._install:patch_on_import"
+
 _lock = threading.RLock()
-_exit_registered = False
+_process_hooks = False  # the exit summary and the fork handler, registered once per process
+
+
+class Capture(NamedTuple):
+    """A capture that has begun and not ended: who began it, through which API, in which mode."""
+
+    thread_id: int
+    api: str
+    mode: str  # capture_error_mode: "global", "thread_local" or "relaxed"
+
+
+@dataclasses.dataclass(frozen=True)
+class Status:
+    """What cgguard is doing in this process now (``cgguard.status()``)."""
+
+    installed: bool
+    # How activation switched it on: "pth", "sitecustomize", or None (install() or not at all).
+    activated_by: str | None
+    patched: tuple[str, ...]  # torch's entry points carrying cgguard's hooks
+    waiting_for_torch: bool  # installed before torch's import: patched once torch is imported
+    followed: tuple[str, ...]  # the flags followed, as module.attribute
+    waiting_to_follow: tuple[str, ...]  # modules whose flag is followed once imported
+    capture_enabled: bool  # cgguard's flag and every followed flag allow a capture now
+    captures: tuple[Capture, ...]  # captures begun and not yet ended, on any thread
+    violations: dict[str, int]  # violations seen per rule, since install
+    config: Config | None
 
 
 def install(config: Config | None = None) -> None:
@@ -31,121 +60,171 @@ def install(config: Config | None = None) -> None:
     configuration. Works before torch is imported (the patches go on when it is; cgguard never
     imports torch itself) and after.
     """
-    global _exit_registered
     if config is not None and not isinstance(config, Config):
         raise ConfigError(
             f"install(config={config!r}): accepted values are None or a cgguard.Config"
         )
     with _lock:
-        if _state.config is not None and config is None:
+        guard = _guard.current
+        if guard is not None and config is None:
             return
-        _configure(config if config is not None else Config())
-        if not _exit_registered:
-            atexit.register(_at_exit)
-            os.register_at_fork(after_in_child=_forget_parent)
-            _exit_registered = True
-        if _state.patches:
+        guard = _configure(guard, config if config is not None else Config())
+        _register_process_hooks()
+        if guard.patches:
             return
         if "torch" not in sys.modules:
-            _bootstrap.when_imported("torch", _patch_on_import)
+            _startup.when_imported("torch", PATCH_ON_IMPORT)
             return
     # torch is imported, or being imported: perhaps by another thread, whose import the hook
     # missed. Wait for it to finish (at once if this thread is the importer), outside the
     # lock, which that import's own hook may be waiting for, then patch.
     importlib.import_module("torch")
-    with _lock:
-        if _state.config is not None:
-            _patch()
+    _patch()
 
 
 def uninstall() -> None:
     """Put torch's attributes back exactly as they were and stop reporting. Idempotent."""
-    from cgguard._patches import unpatch_torch
-
     with _lock:
-        _bootstrap.cancel("torch", _patch_on_import)
-        _bridge.unfollow_all()
-        if _state.patches:
-            unpatch_torch()
-        if _state.config is not None and _state.ledger is not None:
-            _summary.write(_state.config, _state.ledger)
-        if _state.reporter is not None:
-            _state.reporter.close()
-        _state.reporter = None
-        _state.config = None
-        _state.ledger = None
-        _state.on_new_site = None
-        _state.active.clear()
+        _startup.cancel("torch", PATCH_ON_IMPORT)
+        guard = _guard.current
+        if guard is None:
+            return
+        _follow.unfollow_all()
+        _guard.current = None
+        guard.device_sync.restore()
+        guard.patches.restore()
+        if guard.report is not None:
+            guard.report.write(guard.ledger)
+        if guard.log is not None:
+            guard.log.close()
+        guard.active.clear()
 
 
 def is_installed() -> bool:
     """Whether install() is in effect (the patches may still be waiting for torch's import)."""
-    return _state.config is not None
+    return _guard.current is not None
 
 
-def _configure(config: Config) -> None:
-    if _state.reporter is not None:
-        _state.reporter.close()
-    ledger = _state.ledger if _state.ledger is not None else Ledger()
-    _state.config = config
-    _state.ledger = ledger
-    _state.reporter = Reporter(config.log_format, config.log_file, target=config.target())
-    _state.on_new_site = _report_writer(config, ledger)
+def status() -> Status:
+    """What cgguard is doing in this process now: a snapshot, for people and tests."""
+    with _lock:
+        guard = _guard.current
+        if guard is None:
+            return Status(
+                installed=False,
+                activated_by=_startup.activated_by,
+                patched=(),
+                waiting_for_torch=False,
+                followed=(),
+                waiting_to_follow=(),
+                capture_enabled=FLAG.enabled,
+                captures=(),
+                violations={},
+                config=None,
+            )
+        return Status(
+            installed=True,
+            activated_by=_startup.activated_by,
+            patched=tuple(guard.patches.targets() + guard.device_sync.targets()),
+            waiting_for_torch=PATCH_ON_IMPORT in _startup.pending("torch"),
+            followed=tuple(source.label for source in guard.follows),
+            waiting_to_follow=tuple(_follow.waiting()),
+            capture_enabled=guard.is_capture_enabled(),
+            captures=tuple(
+                Capture(thread, api, mode) for _, thread, api, mode, _ in list(guard.active.values())
+            ),
+            violations=guard.ledger.totals(),
+            config=guard.config,
+        )
+
+
+def _configure(guard: Guard | None, config: Config) -> Guard:
+    """The installation, built from ``config``, or switched to it."""
+    log = EventLog(config.log_format, config.log_file, target=config.target())
+    report = ReportFile(config) if config.report is not None else None
+    if guard is None:
+        guard = _guard.current = Guard(config, log=log, report=report)
+        _follow.attach(guard)
+    else:
+        # Switched in place: the hooks already on torch are bound to this very object.
+        if guard.log is not None:
+            guard.log.close()
+        guard.config, guard.log, guard.report = config, log, report
     if config.capture is not None:
-        _state.set_flag(config.capture == "enabled", None)
-    _bridge.follow_vllm(config.vllm_bridge)
+        FLAG.set(config.capture == "enabled", None)
+    _follow.follow_vllm(config.vllm_bridge)
+    return guard
 
 
-def _forget_parent() -> None:
-    # A forked worker reports its own violations: {pid} reports summed across a job must not
-    # count the parent's twice. The parent's captures belong to threads the child lacks, and
-    # so may the locks: one held by a parent thread at the fork would never be released.
+def _register_process_hooks() -> None:
+    global _process_hooks
+    if not _process_hooks:
+        atexit.register(_at_exit)
+        os.register_at_fork(after_in_child=_after_fork)
+        _process_hooks = True
+
+
+def _after_fork() -> None:
+    # A forked worker reports its own violations, and a lock held by a parent thread at the
+    # fork would never be released in the child.
     global _lock
     _lock = threading.RLock()
-    _summary.reset_lock()
-    config = _state.config
-    if config is None:
-        return
-    ledger = _state.ledger = Ledger()
-    _state.on_new_site = _report_writer(config, ledger)
-    _state.active.clear()
-    _state.entering.clear()
-
-
-def _report_writer(config: Config, ledger: Ledger) -> Callable[[], None] | None:
-    """What keeps the JSON report current as new sites appear, if there is a report."""
-    if config.report is None:
-        return None
-    return lambda: _summary.write(config, ledger)
+    if _guard.current is not None:
+        _guard.current.forget_run()
 
 
 def _at_exit() -> None:
     """The run's summary, if anything was seen, and the final report."""
-    config, ledger, reporter = _state.config, _state.ledger, _state.reporter
-    if config is None or ledger is None:
+    guard = _guard.current
+    if guard is None:
         return
     try:
-        if ledger.sites() and reporter is not None:
-            reporter.emit(_summary.summary_event(ledger))
-        _summary.write(config, ledger)
+        if guard.ledger.sites() and guard.log is not None:
+            guard.log.emit(_events.summary(guard.ledger))
+        if guard.report is not None:
+            guard.report.write(guard.ledger)
     except Exception as exc:
         warn_once("exit", f"could not write the exit summary: {exc!r}")
 
 
 def _patch() -> None:
     """Patch torch now; a failure is reported once and the program goes on, unguarded."""
-    try:
-        from cgguard._patches import patch_torch
-
-        patch_torch()
-    except Exception as exc:
-        warn_once("patch", f"could not patch torch, captures are not guarded: {exc!r}")
-
-
-def _patch_on_import(_: ModuleType) -> None:
-    # Runs inside torch's import, right after torch/__init__.py finished. It takes the same
-    # path as an install() made after the import: asking sys.modules here would mislead, since
-    # torch is already listed there while its import is still finishing.
     with _lock:
-        if _state.config is not None:
-            _patch()
+        guard = _guard.current
+        if guard is None or guard.patches:
+            return
+        try:
+            from cgguard._patches import patch_torch
+
+            # No capture recorded before these patches can end through them: one a hook
+            # recorded while another thread uninstalled would otherwise stay active for good.
+            guard.active.clear()
+            guard.entering.clear()
+            patch_torch(guard)
+        except Exception as exc:
+            warn_once("patch", f"could not patch torch, captures are not guarded: {exc!r}")
+
+
+def patch_on_import(_: ModuleType) -> None:
+    """The post-import hook on torch: the same path as an install() made after the import."""
+    # Runs inside torch's import, right after torch/__init__.py finished: asking sys.modules
+    # here would mislead, since torch is already listed there while its import still finishes.
+    _patch()
+
+
+def refresh_device_sync() -> None:
+    """Wrap torch._C._cuda_synchronize again if it came since install (the simulated runtime)."""
+    with _lock:
+        guard = _guard.current
+        if guard is not None and guard.patches:
+            from cgguard._patches import patch_device_sync
+
+            patch_device_sync(guard)
+
+
+def release_device_sync() -> None:
+    """Let go of torch._C._cuda_synchronize before whoever put it there removes it."""
+    with _lock:
+        guard = _guard.current
+        if guard is not None:
+            guard.device_sync.restore()

@@ -15,6 +15,7 @@ from cgguard._frames import render
 if TYPE_CHECKING:
     from types import CodeType
 
+    from cgguard._events import ViolationEvent
     from cgguard._frames import FrameInfo
 
 
@@ -33,7 +34,7 @@ class Site:
         self.action = action
         self.count = 0
         # Filled in by whoever counted the first violation here, once it has been rendered.
-        self.first: dict[str, object] | None = None
+        self.first: ViolationEvent | None = None
 
 
 class Ledger:
@@ -41,7 +42,10 @@ class Ledger:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._sites: dict[tuple[str, CodeType | None, int], Site] = {}
+        # Keyed by the code object's identity: code objects compare equal by content, so two
+        # files with the same helper would otherwise share a site. Each Site holds its code
+        # object, so its id() is not reused while the key stands.
+        self._sites: dict[tuple[str, int, int], Site] = {}
 
     def count(
         self, rule: str, code: CodeType | None, lasti: int, api: str, action: str
@@ -50,7 +54,7 @@ class Ledger:
 
         A count of 1 tells the caller it is the first there, to fill in ``site.first``.
         """
-        key = (rule, code, lasti)
+        key = (rule, id(code), lasti)
         with self._lock:
             site = self._sites.get(key)
             if site is None:

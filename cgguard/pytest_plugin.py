@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
 from typing import TYPE_CHECKING
 
@@ -20,6 +19,7 @@ if TYPE_CHECKING:
 
     from pluggy import Result
 
+    from cgguard._events import ViolationEvent
     from cgguard._frames import FrameInfo
     from cgguard.testing import SimulatedCuda
 
@@ -133,20 +133,20 @@ class _Guard:
     def listening(self) -> Generator[None, None, None]:
         # A listener of its own rather than the log stream: logging drops stacks on repeats,
         # and a test must see every violation in full (PITFALLS, "Reporting and integrations").
-        from cgguard import _state
+        from cgguard._guard import LISTENERS
 
-        _state.listeners.append(self._listen)
+        LISTENERS.append(self._listen)
         try:
             yield
         finally:
-            with contextlib.suppress(ValueError):  # gone already if someone reset cgguard
-                _state.listeners.remove(self._listen)
+            with contextlib.suppress(ValueError):  # gone already if someone removed it
+                LISTENERS.remove(self._listen)
 
-    def _listen(self, event: Event) -> None:
+    def _listen(self, event: ViolationEvent) -> None:
         # Called by whichever thread broke a rule; outside a test there is no one to fail.
         with self._lock:
             if self._current is not None:
-                self._current.events.append(event)
+                self._current.events.append(dict(event))
 
     # Old-style wrappers (hookwrapper=True): pluggy takes new-style ones only from 1.2 on, and
     # this module is imported by every pytest run, whatever its pluggy.
@@ -238,7 +238,7 @@ def _describe_unexpected(events: list[Event], when: str) -> list[str]:
 
 def _stacks(event: Event) -> str:
     """The event's stacks as the console log shows them, cut at the test as pytest cuts them."""
-    from cgguard._report import format_stacks
+    from cgguard._log import format_stacks
 
     trimmed = {
         key: _below_pytest(value) if key.endswith("stack") and isinstance(value, list) else value
@@ -267,9 +267,9 @@ def _expected_rules(item: pytest.Item) -> frozenset[str]:
 
 
 def _rules() -> tuple[str, ...]:
-    from cgguard._environ import RULES
+    from cgguard._rules import NAMES
 
-    return RULES
+    return NAMES
 
 
 def _unknown_rules(expected: frozenset[str]) -> list[str]:
@@ -287,8 +287,8 @@ def _already_active() -> bool:
 
     # Environment activation installs only once torch is imported, so is_installed() alone would
     # miss it; its configuration is the user's, kept as it is.
-    bootstrap = sys.modules.get("cgguard._bootstrap")
-    return cgguard.is_installed() or getattr(bootstrap, "activated_by", None) is not None
+    status = cgguard.status()
+    return status.installed or status.activated_by is not None
 
 
 def _simulate(cleanup: contextlib.ExitStack) -> None:
@@ -297,12 +297,11 @@ def _simulate(cleanup: contextlib.ExitStack) -> None:
         import torch  # noqa: F401 - an environment activation starts its own runtime on this import
     except ImportError as exc:
         raise pytest.UsageError(f"--cgguard-simulate-cuda needs torch: {exc}") from None
-    from cgguard import _simcuda
-    from cgguard.testing import simulated_cuda
+    from cgguard.testing import SimulationError, active_simulation, simulated_cuda
 
-    if _simcuda._ACTIVE is not None:  # CGGUARD_SIMULATE_CUDA activation put one in place
+    if active_simulation() is not None:  # CGGUARD_SIMULATE_CUDA activation put one in place
         return
     try:
         cleanup.enter_context(simulated_cuda())
-    except _simcuda.SimulationError as exc:
+    except SimulationError as exc:
         raise pytest.UsageError(f"--cgguard-simulate-cuda: {exc}") from None

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import cgguard
-from cgguard import _state, _warn
+from cgguard import _warn
+from cgguard._guard import FLAG, LISTENERS
 from cgguard.testing import capture_violations
 
 if TYPE_CHECKING:
@@ -60,9 +61,11 @@ def events() -> Iterator[list[dict[str, Any]]]:
 def _clean_process() -> Iterator[None]:
     environ = dict(os.environ)
     path = list(sys.path)
+    listeners = list(LISTENERS)
     yield
     cgguard.uninstall()
-    _state.reset()
+    FLAG.set(True, None)
+    LISTENERS[:] = listeners
     os.environ.clear()
     os.environ.update(environ)
     sys.path[:] = path

@@ -13,14 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from cgguard._cli import BOOT_DIR
+from cgguard._runner import BOOT_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = str(REPO / "sitecustomize_example")
-PATCHED = (
-    "import torch, cgguard._state as s, cgguard._bootstrap as b; "
-    "print(len(s.patches), b.activated_by)"
-)
+PATCHED = "import torch, cgguard; s = cgguard.status(); print(len(s.patched), s.activated_by)"
 
 
 def clean_environ(**extra: str) -> dict[str, str]:
@@ -66,7 +63,7 @@ def test_idle_activation_loads_only_the_standard_library() -> None:
     bare = json.loads(python(code, clean_environ()).stdout)
     done = python(code, clean_environ(CGGUARD_ENABLED="1"))
     added = sorted(set(json.loads(done.stdout)) - set(bare))
-    assert added == ["cgguard", "cgguard._bootstrap"]
+    assert added == ["cgguard", "cgguard._startup"]
     assert done.stderr == ""
 
 
@@ -96,7 +93,7 @@ def test_patch_failure_leaves_torch_importable() -> None:
     """If patching fails inside ``import torch``, torch imports, one line says so, all runs."""
     code = """
         import cgguard._patches
-        def broken():
+        def broken(guard):
             raise RuntimeError("injected")
         cgguard._patches.patch_torch = broken
         import torch
@@ -143,9 +140,9 @@ def test_three_activations_patch_once() -> None:
     code = """
         import cgguard, torch, wrapt, inspect
         cgguard.install()
-        import cgguard._state as s, cgguard._bootstrap as b
+        s = cgguard.status()
         enter = vars(torch.cuda.graphs.graph)["__enter__"]
-        print(len(s.patches), b.activated_by, inspect.isfunction(enter.__wrapped__))
+        print(len(s.patched), s.activated_by, inspect.isfunction(enter.__wrapped__))
         """
     done = python(code, clean_environ(CGGUARD_ENABLED="1", PYTHONPATH=EXAMPLE))
     assert (done.returncode, done.stdout, done.stderr) == (0, "5 pth True\n", "")
@@ -155,12 +152,12 @@ CHILDREN = """
     import multiprocessing, subprocess, sys
 
     def patched(_=None):
-        import torch, cgguard._state as s
-        return len(s.patches)
+        import torch, cgguard
+        return len(cgguard.status().patched)
 
     if __name__ == "__main__":
         child = subprocess.run(
-            [sys.executable, "-c", "import torch, cgguard._state as s; print(len(s.patches))"],
+            [sys.executable, "-c", "import torch, cgguard; print(len(cgguard.status().patched))"],
             capture_output=True, text=True, check=True,
         )
         print("subprocess", child.stdout.strip())
@@ -231,10 +228,11 @@ def test_runner_configuration_reaches_the_program(tmp_path: Path) -> None:
 def test_explicit_install_before_torch_keeps_its_configuration() -> None:
     """Under CGGUARD_ENABLED=1, a program's own install(Config) survives ``import torch``."""
     code = """
-        import cgguard, cgguard._state as s
+        import cgguard
         cgguard.install(cgguard.Config(mode="log"))
         import torch
-        print(s.config.mode, len(s.patches))
+        s = cgguard.status()
+        print(s.config.mode, len(s.patched))
         """
     done = python(code, clean_environ(CGGUARD_ENABLED="1"))
     assert (done.returncode, done.stdout, done.stderr) == (0, "log 5\n", "")

@@ -16,7 +16,7 @@ import torch
 from torch.cuda import graph as graph_taken_early
 
 import cgguard
-from cgguard import _guard, _state
+from cgguard import _guard
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -90,7 +90,7 @@ def test_capture_refused_while_disabled_changes_nothing(
     assert cgguard.is_capture_enabled() is True
     assert torch.cuda.current_stream() == stream_before
     assert torch.cuda.is_current_stream_capturing() is False
-    assert _state.active == {}
+    assert cgguard.status().captures == ()
     if runtime.simulation:
         assert runtime.simulation.calls[calls_before:] == []
     message = str(raised.value)
@@ -117,7 +117,7 @@ def test_capture_allowed_again_after_reenabling(runtime: Runtime) -> None:
     with torch.cuda.graph(g):
         x.add_(1)
     g.replay()
-    assert _state.active == {}
+    assert cgguard.status().captures == ()
 
 
 def test_nested_graph_refused_with_outer_stack(
@@ -184,7 +184,7 @@ def test_sequential_segments_are_legal(runtime: Runtime, events: list[dict[str, 
     for segment in segments:
         segment.replay()
     assert events == []
-    assert _state.active == {}
+    assert cgguard.status().captures == ()
 
 
 def test_other_thread_capturing_is_not_nesting(
@@ -216,7 +216,7 @@ def test_other_thread_capturing_is_not_nesting(
 
     join_all(run_in_thread(thread_a), run_in_thread(thread_b))
     assert events == []
-    assert _state.active == {}
+    assert cgguard.status().captures == ()
 
 
 def test_body_exception_leaves_no_active_capture(runtime: Runtime) -> None:
@@ -226,7 +226,7 @@ def test_body_exception_leaves_no_active_capture(runtime: Runtime) -> None:
     with pytest.raises(KeyError), torch.cuda.graph(torch.cuda.CUDAGraph()):
         x.add_(1)
         raise KeyError("body failed")
-    assert _state.active == {}
+    assert cgguard.status().captures == ()
     with torch.cuda.graph(torch.cuda.CUDAGraph()):  # not nested: the first one is over
         x.add_(1)
 
@@ -237,7 +237,7 @@ def test_capture_begin_exception_leaves_no_active_capture(runtime: Runtime) -> N
     g = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="non-default stream"):
         g.capture_begin()
-    assert _state.active == {}
+    assert cgguard.status().captures == ()
     with torch.cuda.graph(torch.cuda.CUDAGraph()):
         runtime.tensor().add_(1)
 
@@ -253,7 +253,7 @@ def test_capture_end_exception_leaves_no_active_capture(runtime: Runtime) -> Non
         with pytest.raises(RuntimeError, match="previous error during capture"):
             g.capture_end()
         assert torch.cuda.is_current_stream_capturing() is False
-    assert _state.active == {}
+    assert cgguard.status().captures == ()
     with torch.cuda.graph(torch.cuda.CUDAGraph()):
         runtime.tensor().add_(1)
 
@@ -296,7 +296,7 @@ def test_log_mode_nested_graph_reports_then_fails_as_cuda_does(
     # torch's own synchronize() in the inner __enter__ breaks the outer capture: it is part of
     # the nested capture reported, not a second violation.
     assert [(e["rule"], e["action"]) for e in events] == [("nested_capture", "logged")]
-    assert _state.active == {}
+    assert cgguard.status().captures == ()
     assert torch.cuda.is_current_stream_capturing() is False
 
 
@@ -318,12 +318,12 @@ def test_threads_see_only_their_own_captures(runtime: Runtime) -> None:
 
     threads = [run_in_thread(capture), run_in_thread(capture)]
     both_capturing.wait(timeout=20)
-    owners = sorted(record.thread_id for record in _guard.active_records())
+    owners = sorted(capture.thread_id for capture in cgguard.status().captures)
     assert owners == sorted(t.ident for t in threads if t.ident is not None)
     assert threading.get_ident() not in owners
     release.set()
     join_all(*threads)
-    assert _state.active == {}
+    assert cgguard.status().captures == ()
 
 
 def test_frames_hide_cgguard_and_torch(runtime: Runtime) -> None:
@@ -402,7 +402,9 @@ def test_nothing_left_behind_when_enter_makes_no_capture_begin(runtime: Runtime)
     graph.inner = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         runtime.tensor().add_(1)
-    assert (_state.entering, _state.active) == ({}, {})
+    assert cgguard.status().captures == ()
+    assert _guard.current is not None
+    assert _guard.current.entering == {}  # nothing half-begun left behind
 
 
 def open_capture(context: Any) -> None:
@@ -526,4 +528,6 @@ def test_capture_made_while_torch_prepares_another_on_one_thread(
         ("capture_disabled", "torch.cuda.graph", line_of("@prepared")),
         ("capture_disabled", "torch.cuda.graph", line_of("@hook-captures")),
     ]
-    assert (_state.entering, _state.active) == ({}, {})
+    assert cgguard.status().captures == ()
+    assert _guard.current is not None
+    assert _guard.current.entering == {}  # nothing half-begun left behind

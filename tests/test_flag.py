@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import cgguard
-from cgguard import _state
 from cgguard._frames import render
+from cgguard._guard import FLAG
 
 SOURCE = Path(__file__).read_text().splitlines()
 
@@ -21,7 +21,7 @@ def line_of(marker: str) -> int:
 
 def changed_at() -> tuple[str, int] | None:
     """(function, line) of the innermost frame where the flag got its current value."""
-    origin = _state.capture_changed_at
+    origin = FLAG.changed_at
     if origin is None:
         return None
     last = render(origin)[-1]
@@ -31,7 +31,7 @@ def changed_at() -> tuple[str, int] | None:
 
 def test_enabled_at_start_with_no_origin() -> None:
     """A fresh process allows captures and has no record of a change."""
-    assert (cgguard.is_capture_enabled(), _state.capture_changed_at) == (True, None)
+    assert (cgguard.is_capture_enabled(), FLAG.changed_at) == (True, None)
 
 
 def test_set_capture_enabled_records_where() -> None:
@@ -83,7 +83,7 @@ def test_context_managers_nest() -> None:
             assert changed_at() == ("test_context_managers_nest", line_of("@outer-disabled"))
         seen.append(cgguard.is_capture_enabled())
     assert seen == [True, False, True, False, True]
-    assert _state.capture_changed_at is None
+    assert FLAG.changed_at is None
 
 
 def test_restores_on_exception() -> None:

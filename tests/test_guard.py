@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 
 import cgguard
-from cgguard import _guard, _state
-from cgguard._guard import (
-    CAPTURE_DISABLED,
-    CONCURRENT_CAPTURE,
-    NESTED_CAPTURE,
-    CaptureRecord,
-    find_sync_violation,
-    find_violations,
+from cgguard import _guard
+from cgguard._guard import FLAG, LISTENERS, Guard, Record, find_sync_violation, find_violations
+
+CAPTURE_DISABLED, NESTED_CAPTURE, CONCURRENT_CAPTURE = (
+    "capture_disabled",
+    "nested_capture",
+    "concurrent_capture",
 )
 
 SOURCE = Path(__file__).read_text().splitlines()
@@ -40,9 +39,15 @@ def other_begins() -> None:  # @other
     """Stands in for the user's code that began a capture on another thread."""
 
 
+def guard() -> Guard:
+    """The installation in effect."""
+    assert _guard.current is not None
+    return _guard.current
+
+
 def sync_entry_point() -> None:
     """Stands in for cgguard's wrapper on a synchronize entry point: it calls check_sync."""
-    _guard.check_sync(_guard.API_SYNCHRONIZE)
+    guard().check_sync(_guard.API_SYNCHRONIZE)
 
 
 def user_synchronizes() -> None:
@@ -73,8 +78,8 @@ def _no_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-def record(thread_id: int, key: int = 1, mode: str = "global") -> CaptureRecord:
-    return CaptureRecord(key, thread_id, _guard.API_GRAPH, mode, stack_of(outer_begins))
+def record(thread_id: int, key: int = 1, mode: str = "global") -> Record:
+    return (key, thread_id, _guard.API_GRAPH, mode, stack_of(outer_begins))
 
 
 def test_nothing_broken_when_enabled_and_idle() -> None:
@@ -170,23 +175,23 @@ def test_check_begin_returns_the_record_to_activate() -> None:
     """A legal attempt comes back as a record for this thread, not yet active."""
     cgguard.install()
     stack = stack_of(plugin_captures)
-    got = CaptureRecord._make(_guard.check_begin(_guard.API_CAPTURE_BEGIN, 42, "relaxed", stack))
-    assert (got.key, got.thread_id, got.api, got.mode, got.stack) == (
+    got = guard().check_begin(_guard.API_CAPTURE_BEGIN, 42, "relaxed", stack)
+    assert got == (
         42,
         threading.get_ident(),
         "CUDAGraph.capture_begin",
         "relaxed",
         stack,
     )
-    assert _state.active == {}
+    assert guard().active == {}
 
 
 def test_disabled_event_is_the_documented_schema(events: list[dict[str, object]]) -> None:
     """A refused attempt while disabled produces exactly the README's event, and raises it."""
     cgguard.install()
-    _state.set_flag(False, stack_of(runner_disables))
+    FLAG.set(False, stack_of(runner_disables))
     with pytest.raises(cgguard.CaptureDisabledError) as raised:
-        _guard.check_begin(_guard.API_GRAPH, 1, "global", stack_of(plugin_captures))
+        guard().check_begin(_guard.API_GRAPH, 1, "global", stack_of(plugin_captures))
     (event,) = events
     assert TIMESTAMP.fullmatch(str(event["timestamp"]))
     where_plugin = f"{__file__}:{frame('@plugin', 'plugin_captures')['line']} (in plugin_captures)"
@@ -220,7 +225,7 @@ def test_disabled_event_is_the_documented_schema(events: list[dict[str, object]]
 def test_disabled_by_configuration_has_null_stack(events: list[dict[str, object]]) -> None:
     """Capture disabled by the configuration at start: disabled_stack is null and says so."""
     cgguard.install(cgguard.Config(mode="log", capture="disabled"))
-    _guard.check_begin(_guard.API_GRAPH, 1, "global", stack_of(plugin_captures))
+    guard().check_begin(_guard.API_GRAPH, 1, "global", stack_of(plugin_captures))
     (event,) = events
     assert (event["action"], event["level"], event["disabled_stack"]) == ("logged", "warning", None)
     assert str(event["message"]).endswith(
@@ -231,14 +236,10 @@ def test_disabled_by_configuration_has_null_stack(events: list[dict[str, object]
 def test_nested_event_is_the_documented_schema(events: list[dict[str, object]]) -> None:
     """A nested attempt produces exactly the README's event with the outer capture's stack."""
     cgguard.install(cgguard.Config(mode="log"))
-    outer = CaptureRecord(
-        5, threading.get_ident(), _guard.API_CAPTURE_BEGIN, "global", stack_of(outer_begins)
-    )
-    _state.active[outer.key] = outer
-    got = CaptureRecord._make(
-        _guard.check_begin(_guard.API_GRAPH, 6, "global", stack_of(plugin_captures))
-    )
-    assert got.key == 6
+    outer = (5, threading.get_ident(), _guard.API_CAPTURE_BEGIN, "global", stack_of(outer_begins))
+    guard().active[outer[0]] = outer
+    got = guard().check_begin(_guard.API_GRAPH, 6, "global", stack_of(plugin_captures))
+    assert got[0] == 6
     (event,) = events
     where_plugin = f"{__file__}:{frame('@plugin', 'plugin_captures')['line']} (in plugin_captures)"
     where_outer = f"{__file__}:{frame('@outer', 'outer_begins')['line']} (in outer_begins)"
@@ -268,12 +269,12 @@ def test_nested_event_is_the_documented_schema(events: list[dict[str, object]]) 
 def test_concurrent_event_is_the_documented_schema(events: list[dict[str, object]]) -> None:
     """A capture begun while another thread captures globally: the event names both captures."""
     cgguard.install()
-    other = CaptureRecord(5, 12345, _guard.API_GRAPH, "global", stack_of(other_begins))
-    _state.active[other.key] = other
-    got = CaptureRecord._make(
-        _guard.check_begin(_guard.API_CAPTURE_BEGIN, 6, "thread_local", stack_of(plugin_captures))
+    other = (5, 12345, _guard.API_GRAPH, "global", stack_of(other_begins))
+    guard().active[other[0]] = other
+    got = guard().check_begin(
+        _guard.API_CAPTURE_BEGIN, 6, "thread_local", stack_of(plugin_captures)
     )
-    assert got.key == 6
+    assert got[0] == 6
     (event,) = events
     where_plugin = f"{__file__}:{frame('@plugin', 'plugin_captures')['line']} (in plugin_captures)"
     where_other = f"{__file__}:{frame('@other', 'other_begins')['line']} (in other_begins)"
@@ -305,10 +306,8 @@ def test_concurrent_event_is_the_documented_schema(events: list[dict[str, object
 def test_sync_event_is_the_documented_schema(events: list[dict[str, object]]) -> None:
     """A synchronize on a capturing thread: the event says where that thread's capture began."""
     cgguard.install()
-    mine = CaptureRecord(
-        5, threading.get_ident(), _guard.API_CAPTURE_BEGIN, "global", stack_of(outer_begins)
-    )
-    _state.active[mine.key] = mine
+    mine = (5, threading.get_ident(), _guard.API_CAPTURE_BEGIN, "global", stack_of(outer_begins))
+    guard().active[mine[0]] = mine
     user_synchronizes()  # @sync-schema
     (event,) = events
     where_user = (
@@ -347,11 +346,10 @@ def test_sync_event_is_the_documented_schema(events: list[dict[str, object]]) ->
 def test_sync_on_a_thread_not_capturing_reports_nothing(events: list[dict[str, object]]) -> None:
     """A synchronize while only another thread captures: no event, nothing counted."""
     cgguard.install(cgguard.Config(rules={"sync_during_capture": "raise"}))
-    other = CaptureRecord(5, 12345, _guard.API_GRAPH, "thread_local", stack_of(other_begins))
-    _state.active[other.key] = other
+    other = (5, 12345, _guard.API_GRAPH, "thread_local", stack_of(other_begins))
+    guard().active[other[0]] = other
     user_synchronizes()
-    assert _state.ledger is not None
-    assert (events, _state.ledger.totals()) == ([], {})
+    assert (events, cgguard.status().violations) == ([], {})
 
 
 def test_ranks_come_before_the_timestamp(
@@ -362,8 +360,8 @@ def test_ranks_come_before_the_timestamp(
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "8")
     cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
-    _state.set_flag(False, stack_of(runner_disables))
-    _guard.check_begin(_guard.API_GRAPH, 1, "global", stack_of(plugin_captures))
+    FLAG.set(False, stack_of(runner_disables))
+    guard().check_begin(_guard.API_GRAPH, 1, "global", stack_of(plugin_captures))
     (event,) = events
     head = ["event", "level", "rule", "action", "api", "message", "count", "thread", "thread_id"]
     expected = (
@@ -383,8 +381,8 @@ def test_only_the_ranks_set_are_reported(
     """Only RANK set: the event has rank and neither local_rank nor world_size."""
     monkeypatch.setenv("RANK", "0")
     cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
-    _state.set_flag(False, None)
-    _guard.check_begin(_guard.API_GRAPH, 1, "global", stack_of(plugin_captures))
+    FLAG.set(False, None)
+    guard().check_begin(_guard.API_GRAPH, 1, "global", stack_of(plugin_captures))
     (event,) = events
     keys = list(event)
     expected = (["pid", "rank", "timestamp"], 0)
@@ -394,11 +392,11 @@ def test_only_the_ranks_set_are_reported(
 def test_count_is_per_site(events: list[dict[str, object]]) -> None:
     """Each event's count is its count at its site: the rule at one place in the user's code."""
     cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
-    _state.set_flag(False, None)
+    FLAG.set(False, None)
     for stack in (plugin_captures, plugin_captures, other_begins, plugin_captures):
-        _guard.check_begin(_guard.API_GRAPH, 1, "global", stack_of(stack))
+        guard().check_begin(_guard.API_GRAPH, 1, "global", stack_of(stack))
     mine = record(threading.get_ident())
-    _state.active[mine.key] = mine
+    guard().active[mine[0]] = mine
     for _ in range(2):
         user_synchronizes()
     got = [(e["rule"], e["stack"][-1], e["count"]) for e in events]  # type: ignore[index]
@@ -412,8 +410,7 @@ def test_count_is_per_site(events: list[dict[str, object]]) -> None:
         ("sync_during_capture", user, 1),
         ("sync_during_capture", user, 2),
     ]
-    assert _state.ledger is not None
-    assert _state.ledger.totals() == {"capture_disabled": 4, "sync_during_capture": 2}
+    assert cgguard.status().violations == {"capture_disabled": 4, "sync_during_capture": 2}
 
 
 @pytest.mark.parametrize(
@@ -435,10 +432,10 @@ def test_diagnostics_log_in_raise_mode_unless_set_to_raise(
         if rule == "sync_during_capture":
             user_synchronizes()
         else:
-            _guard.check_begin(_guard.API_CAPTURE_BEGIN, 2, "global", stack_of(plugin_captures))
+            guard().check_begin(_guard.API_CAPTURE_BEGIN, 2, "global", stack_of(plugin_captures))
 
     cgguard.install(cgguard.Config(mode="raise", log_file=os.devnull))
-    _state.active[cause.key] = cause
+    guard().active[cause[0]] = cause
     attempt()
     cgguard.install(cgguard.Config(mode="log", rules={rule: "raise"}, log_file=os.devnull))
     with pytest.raises(error) as raised:
@@ -457,14 +454,11 @@ def test_rule_off_is_silent_and_uncounted(mode: str, events: list[dict[str, obje
     )
     cgguard.install(cgguard.Config(mode=mode, rules=rules))  # type: ignore[arg-type]
     mine, other = record(threading.get_ident(), 1), record(12345, 2)
-    _state.active.update({1: mine, 2: other})
-    _state.set_flag(False, None)
-    got = CaptureRecord._make(
-        _guard.check_begin(_guard.API_GRAPH, 3, "global", stack_of(plugin_captures))
-    )
+    guard().active.update({1: mine, 2: other})
+    FLAG.set(False, None)
+    got = guard().check_begin(_guard.API_GRAPH, 3, "global", stack_of(plugin_captures))
     user_synchronizes()
-    assert _state.ledger is not None
-    assert (got.key, events, _state.ledger.totals()) == (3, [], {})
+    assert (got[0], events, cgguard.status().violations) == (3, [], {})
 
 
 def test_each_rule_takes_its_own_action(events: list[dict[str, object]]) -> None:
@@ -474,10 +468,10 @@ def test_each_rule_takes_its_own_action(events: list[dict[str, object]]) -> None
     )
     cgguard.install(config)
     mine, other = record(threading.get_ident(), 1), record(12345, 2)
-    _state.active.update({1: mine, 2: other})
-    _state.set_flag(False, None)
+    guard().active.update({1: mine, 2: other})
+    FLAG.set(False, None)
     with pytest.raises(cgguard.NestedCaptureError) as raised:
-        _guard.check_begin(_guard.API_GRAPH, 3, "global", stack_of(plugin_captures))
+        guard().check_begin(_guard.API_GRAPH, 3, "global", stack_of(plugin_captures))
     assert [(e["rule"], e["action"]) for e in events] == [
         ("nested_capture", "raised"),
         ("concurrent_capture", "logged"),
@@ -489,10 +483,10 @@ def test_raise_mode_raises_the_first_and_reports_all(events: list[dict[str, obje
     """Both rules broken in raise mode: both reported, the first one raised."""
     cgguard.install()
     mine = record(threading.get_ident())
-    _state.active[mine.key] = mine
-    _state.set_flag(False, None)
+    guard().active[mine[0]] = mine
+    FLAG.set(False, None)
     with pytest.raises(cgguard.CaptureDisabledError):
-        _guard.check_begin(_guard.API_GRAPH, 2, "global", stack_of(plugin_captures))
+        guard().check_begin(_guard.API_GRAPH, 2, "global", stack_of(plugin_captures))
     assert [(e["rule"], e["action"]) for e in events] == [
         ("capture_disabled", "raised"),
         ("nested_capture", "raised"),
@@ -526,16 +520,14 @@ def test_internal_error_lets_the_capture_through(
 ) -> None:
     """A bug inside the guard is one stderr line and an unchecked capture, never a crash."""
     cgguard.install()
-    _state.set_flag(False, None)
+    FLAG.set(False, None)
 
     def broken(*args: object) -> None:
         raise LookupError("guard bug")
 
     monkeypatch.setattr(_guard, "find_violations", broken)
     for key in (1, 2):
-        assert (
-            CaptureRecord._make(_guard.check_begin(_guard.API_GRAPH, key, "global", ())).key == key
-        )
+        assert guard().check_begin(_guard.API_GRAPH, key, "global", ())[0] == key
     assert capsys.readouterr().err == (
         "cgguard: internal error while checking a capture, not checked: LookupError('guard bug')\n"
     )
@@ -547,7 +539,7 @@ def test_internal_error_lets_the_synchronize_through(
     """A bug inside the synchronize check is one stderr line, never a crash or a refusal."""
     cgguard.install(cgguard.Config(rules={"sync_during_capture": "raise"}))
     mine = record(threading.get_ident())
-    _state.active[mine.key] = mine
+    guard().active[mine[0]] = mine
 
     def broken(*args: object) -> None:
         raise LookupError("sync guard bug")
@@ -570,10 +562,10 @@ def test_failing_listener_does_not_stop_the_report(
     def bad(event: dict[str, object]) -> None:
         raise ValueError("listener bug")
 
-    _state.listeners.insert(0, bad)
-    _state.set_flag(False, None)
+    LISTENERS.insert(0, bad)
+    FLAG.set(False, None)
     with pytest.raises(cgguard.CaptureDisabledError):
-        _guard.check_begin(_guard.API_GRAPH, 1, "global", ())
+        guard().check_begin(_guard.API_GRAPH, 1, "global", ())
     assert len(events) == 1
     assert capsys.readouterr().err == (
         "cgguard: a violation listener failed: ValueError('listener bug')\n"
@@ -585,10 +577,8 @@ def test_sync_during_a_relaxed_capture_says_cuda_lets_it_through(
 ) -> None:
     """In relaxed mode CUDA permits a device synchronize: the message says so, not that it fails."""
     cgguard.install()
-    mine = CaptureRecord(
-        5, threading.get_ident(), _guard.API_CAPTURE_BEGIN, "relaxed", stack_of(outer_begins)
-    )
-    _state.active[mine.key] = mine
+    mine = (5, threading.get_ident(), _guard.API_CAPTURE_BEGIN, "relaxed", stack_of(outer_begins))
+    guard().active[mine[0]] = mine
     user_synchronizes()
     (event,) = events
     where_user = (

@@ -14,7 +14,8 @@ import torch
 import wrapt
 
 import cgguard
-from cgguard import _patches, _state
+from cgguard import _patches
+from cgguard._guard import FLAG
 from cgguard.testing import simulated_cuda
 
 
@@ -76,7 +77,13 @@ def test_install_is_idempotent() -> None:
     once = entry_points()
     cgguard.install()
     assert entry_points() == once
-    assert len(_state.patches) == 5
+    assert cgguard.status().patched == (
+        "torch.cuda.graphs.graph.__enter__",
+        "torch.cuda.graphs.CUDAGraph.capture_begin",
+        "torch.cuda.graphs.CUDAGraph.capture_end",
+        "torch.cuda.streams.Stream.synchronize",
+        "torch.cuda.streams.Event.synchronize",
+    )
 
 
 def test_install_with_config_switches_configuration() -> None:
@@ -85,9 +92,9 @@ def test_install_with_config_switches_configuration() -> None:
     patched = entry_points()
     log = cgguard.Config(mode="log")
     cgguard.install(log)
-    assert (_state.config, entry_points()) == (log, patched)
+    assert (cgguard.status().config, entry_points()) == (log, patched)
     cgguard.install()
-    assert _state.config is log
+    assert cgguard.status().config is log
 
 
 def test_install_rejects_a_non_config() -> None:
@@ -103,7 +110,7 @@ def test_install_rejects_a_non_config() -> None:
 def test_install_applies_the_configured_capture_flag() -> None:
     """Config(capture="disabled") sets the flag off at install, with no stack behind it."""
     cgguard.install(cgguard.Config(capture="disabled"))
-    assert (cgguard.is_capture_enabled(), _state.capture_changed_at) == (False, None)
+    assert (cgguard.is_capture_enabled(), FLAG.changed_at) == (False, None)
 
 
 def test_uninstall_restores_attributes_exactly() -> None:
@@ -237,10 +244,10 @@ def test_install_while_another_thread_imports_torch() -> None:
         while "torch" not in sys.modules:
             time.sleep(0.0005)
         time.sleep(0.05)
-        import cgguard, cgguard._state as s
+        import cgguard
         cgguard.install()
         importer.join()
-        print(len(s.patches))
+        print(len(cgguard.status().patched))
         """
     )
     assert out == "5\n"
@@ -250,11 +257,11 @@ def test_installing_twice_before_torch_leaves_no_hook_after_uninstall() -> None:
     """Two installs before ``import torch`` register one hook, which uninstall() removes."""
     out = run_python(
         """
-        import sys, cgguard, cgguard._bootstrap as h
+        import sys, cgguard, cgguard._startup as h
         cgguard.install()
         cgguard.install(cgguard.Config(mode="log"))
         cgguard.uninstall()
-        print(sum(map(len, h._callbacks.values())), h._finder in sys.meta_path)
+        print(len(h.pending("torch")), h._finder in sys.meta_path)
         """
     )
     assert out == "0 False\n"
@@ -293,4 +300,4 @@ def test_reinstall_forgets_a_capture_recorded_while_uninstalling(
         # Not refused as concurrent with, or nested in, a capture that ended long ago.
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
             pass
-        assert _state.active == {}
+        assert cgguard.status().captures == ()

@@ -382,9 +382,9 @@ def test_without_the_option_the_plugin_does_nothing(pytester: pytest.Pytester) -
         def test_idle():
             assert [] == sorted(m for m in {HEAVY!r} if m in sys.modules)
             import cgguard
-            from cgguard import _state
+            from cgguard._guard import LISTENERS
 
-            assert (False, []) == (cgguard.is_installed(), _state.listeners)
+            assert (False, []) == (cgguard.is_installed(), LISTENERS)
         """
     )
     run(pytester).assert_outcomes(passed=1)
@@ -470,12 +470,11 @@ def test_installation_made_before_the_session_is_kept(pytester: pytest.Pytester)
         test_kept="""
         import cgguard
         import torch
-        from cgguard import _state
         from cgguard.testing import simulated_cuda
 
 
         def test_kept():
-            assert cgguard.Config(mode="log") == _state.config
+            assert cgguard.Config(mode="log") == cgguard.status().config
             with simulated_cuda(), cgguard.capture_disabled():
                 with torch.cuda.graph(torch.cuda.CUDAGraph()):  # logged, not raised
                     pass

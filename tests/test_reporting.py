@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import cgguard
-from cgguard import _guard, _state, _summary, _warn
+from cgguard import _events, _guard, _report, _warn
 from cgguard._frames import snapshot
-from cgguard._guard import CaptureRecord, check_begin
 from cgguard.testing import capture_violations
 
 if TYPE_CHECKING:
@@ -67,11 +66,11 @@ import threading
 
 import cgguard
 from cgguard._frames import snapshot
-from cgguard._guard import check_begin
+from cgguard import _guard
 
 
 def violate():
-    check_begin("torch.cuda.graph", 1, "global", snapshot(1)[:2])
+    _guard.current.check_begin("torch.cuda.graph", 1, "global", snapshot(1)[:2])
 
 
 print(json.dumps({"pid": os.getpid(), "thread_id": threading.get_ident()}), flush=True)
@@ -102,7 +101,8 @@ def here() -> Snapshot:
 
 
 def violate(stack: Snapshot) -> None:
-    check_begin(API, 1, "global", stack)
+    assert _guard.current is not None
+    _guard.current.check_begin(API, 1, "global", stack)
 
 
 def disabled_event(
@@ -353,7 +353,8 @@ def test_another_rule_at_the_same_line_is_another_site(tmp_path: Path) -> None:
     log = tmp_path / "events.jsonl"
     cgguard.install(cgguard.Config(mode="log", log_file=str(log), capture="disabled"))
     outer_stack = here()  # outer
-    _state.active[7] = CaptureRecord(7, threading.get_ident(), API, "global", outer_stack)
+    assert _guard.current is not None
+    _guard.current.active[7] = (7, threading.get_ident(), API, "global", outer_stack)
     for _ in range(2):
         violate(here())  # two-rules
     function = "test_another_rule_at_the_same_line_is_another_site"
@@ -364,8 +365,7 @@ def test_another_rule_at_the_same_line_is_another_site(tmp_path: Path) -> None:
         brief_event(site, 2),
         brief_event(site, 2, rule="nested_capture"),
     ]
-    assert _state.ledger is not None
-    assert _state.ledger.totals() == {"capture_disabled": 2, "nested_capture": 2}
+    assert cgguard.status().violations == {"capture_disabled": 2, "nested_capture": 2}
 
 
 def test_raise_mode_always_raises_with_the_full_event(tmp_path: Path) -> None:
@@ -419,14 +419,14 @@ def test_a_repeat_during_the_first_report_still_names_its_site(
     log = tmp_path / "events.jsonl"
     cgguard.install(cgguard.Config(mode="log", log_file=str(log), capture="disabled"))
     rendering, repeated = threading.Event(), threading.Event()
-    render = _guard._event
+    render = _events.violation
 
-    def slow_render(*args: Any, **kwargs: Any) -> dict[str, object]:
+    def slow_render(*args: Any, **kwargs: Any) -> _events.ViolationEvent:
         rendering.set()
         repeated.wait(timeout=2)
         return render(*args, **kwargs)
 
-    monkeypatch.setattr(_guard, "_event", slow_render)
+    monkeypatch.setattr(_events, "violation", slow_render)
     stack = here()  # racing
     first = threading.Thread(target=violate, args=(stack,))
     first.start()
@@ -445,9 +445,9 @@ def test_a_storm_of_ten_thousand_keeps_one_site_and_fourteen_lines(tmp_path: Pat
     cgguard.install(cgguard.Config(mode="log", log_file=str(log), capture="disabled"))
     for _ in range(10_000):
         violate(here())  # big-storm
-    assert _state.ledger is not None
-    assert len(_state.ledger.sites()) == 1
-    assert _state.ledger.totals() == {"capture_disabled": 10_000}
+    assert _guard.current is not None
+    assert len(_guard.current.ledger.sites()) == 1
+    assert cgguard.status().violations == {"capture_disabled": 10_000}
     assert [event["count"] for event in read_events(log)] == [2**n for n in range(14)]
 
 
@@ -631,16 +631,16 @@ def test_report_never_goes_back_to_an_older_state(
         cgguard.Config(mode="log", log_file=os.devnull, report=str(report), capture="disabled")
     )
     built, written = threading.Event(), threading.Event()
-    build = _summary.document
+    build = _report.document
 
-    def slow_document(*args: Any) -> dict[str, object]:
+    def slow_document(*args: Any) -> _events.ReportDocument:
         document = build(*args)
         if threading.current_thread() is not threading.main_thread():
             built.set()
             written.wait(timeout=2)
         return document
 
-    monkeypatch.setattr(_summary, "document", slow_document)
+    monkeypatch.setattr(_report, "document", slow_document)
     other = threading.Thread(target=violate, args=(here(),))  # race-a
     other.start()
     assert built.wait(timeout=10)

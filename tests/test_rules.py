@@ -18,7 +18,6 @@ import torch
 from torch.cuda import synchronize as synchronize_taken_early  # bound before any install()
 
 import cgguard
-from cgguard import _state
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -68,8 +67,7 @@ def summary(events: list[dict[str, Any]]) -> list[tuple[object, object]]:
 
 def totals() -> dict[str, int]:
     """Violations counted per rule by the installed ledger."""
-    assert _state.ledger is not None
-    return _state.ledger.totals()
+    return cgguard.status().violations
 
 
 @pytest.fixture(autouse=True)
@@ -157,12 +155,12 @@ def test_capture_disabled_takes_its_own_action(
         graph.replay()  # the capture went on
     at = frame("@graph", "capture_graph")
     expected = {
-        "off": ([], {}, {}),
-        "log": ([("capture_disabled", "logged", at)], {"capture_disabled": 1}, {}),
-        "raise": ([("capture_disabled", "raised", at)], {"capture_disabled": 1}, {}),
+        "off": ([], {}, ()),
+        "log": ([("capture_disabled", "logged", at)], {"capture_disabled": 1}, ()),
+        "raise": ([("capture_disabled", "raised", at)], {"capture_disabled": 1}, ()),
     }[action]
     got = [(e["rule"], e["action"], e["stack"][-1]) for e in events]
-    assert expected == (got, totals(), _state.active)
+    assert expected == (got, totals(), cgguard.status().captures)
     assert torch.cuda.is_current_stream_capturing() is False
 
 
@@ -207,7 +205,7 @@ def test_nested_capture_takes_its_own_action(
     if runtime.simulation:
         begun = [c for c in runtime.simulation.calls if c.name == "capture_begin"]
         assert len(begun) == (1 if action == "raise" else 2)
-    assert _state.active == {}
+    assert cgguard.status().captures == ()
 
 
 # --- concurrent_capture --------------------------------------------------------------------
@@ -303,7 +301,7 @@ def test_concurrent_capture_is_reported_with_both_stacks(
         "other_stack": from_this_file(event["other_stack"]),
     }
     assert expected == shown
-    assert (_state.active, totals()) == ({}, {"concurrent_capture": 1})
+    assert (cgguard.status().captures, totals()) == ((), {"concurrent_capture": 1})
 
 
 @pytest.mark.parametrize(
@@ -327,7 +325,7 @@ def test_concurrent_capture_needs_a_global_mode(
     got = [(e["rule"], e["thread_id"], e.get("other_thread_id")) for e in events]
     expected = [("concurrent_capture", idents["cgg-b"], idents["cgg-a"])] if reported else []
     assert (expected, []) == (got, refused)
-    assert _state.active == {}
+    assert cgguard.status().captures == ()
 
 
 def test_concurrent_capture_names_a_torch_cuda_graph_as_the_other(
@@ -403,7 +401,7 @@ def test_concurrent_capture_takes_its_own_action(
     if runtime.simulation:
         begun = [c.thread for c in runtime.simulation.calls if c.name == "capture_begin"]
         assert begun == (["cgg-a"] if action == "raise" else ["cgg-a", "cgg-b"])
-    assert _state.active == {}
+    assert cgguard.status().captures == ()
 
 
 # --- sync_during_capture -------------------------------------------------------------------
@@ -496,7 +494,7 @@ def test_sync_during_capture_is_logged_then_cuda_fails_it(
         "capture_stack": from_this_file(event["capture_stack"]),
     }
     assert expected == shown
-    assert (_state.active, totals()) == ({}, {"sync_during_capture": 1})
+    assert (cgguard.status().captures, totals()) == ((), {"sync_during_capture": 1})
 
 
 @pytest.mark.parametrize(("sync", "api", "marker"), SYNCS)
@@ -537,7 +535,7 @@ def test_sync_during_capture_refused_before_cuda_in_raise_mode(
     ]
     assert expected == got
     assert raised.value.event is events[0]
-    assert (_state.active, totals()) == ({}, {"sync_during_capture": 1})
+    assert (cgguard.status().captures, totals()) == ((), {"sync_during_capture": 1})
 
 
 @pytest.mark.parametrize("source", SOURCES)
@@ -570,7 +568,7 @@ def test_sync_during_capture_takes_its_own_action(
         "raise": ([("sync_during_capture", "raised")], {"sync_during_capture": 1}),
     }[action]
     assert expected == (summary(events), totals())
-    assert _state.active == {}
+    assert cgguard.status().captures == ()
 
 
 def test_graphs_own_synchronize_is_not_a_violation(
@@ -584,7 +582,7 @@ def test_graphs_own_synchronize_is_not_a_violation(
     graph.replay()
     if runtime.simulation:
         assert synchronize_calls(runtime, 0) == ["synchronize"]  # torch's own, which went through
-    assert (events, _state.active, totals()) == ([], {}, {})
+    assert (events, cgguard.status().captures, totals()) == ([], (), {})
 
 
 def test_sync_off_the_capturing_thread_is_not_a_violation(
@@ -610,7 +608,7 @@ def test_sync_off_the_capturing_thread_is_not_a_violation(
 
     run_threads(barrier, {"cgg-capturer": capturer, "cgg-synchronizer": synchronizer})
     graph.replay()
-    assert (events, _state.active, totals()) == ([], {}, {})
+    assert (events, cgguard.status().captures, totals()) == ([], (), {})
 
 
 def test_nested_graph_refused_by_its_own_synchronize_keeps_the_outer(
@@ -645,4 +643,4 @@ def test_nested_graph_refused_by_its_own_synchronize_keeps_the_outer(
         )
     ]
     assert expected == got
-    assert (_state.active, totals()) == ({}, {"sync_during_capture": 1})
+    assert (cgguard.status().captures, totals()) == ((), {"sync_during_capture": 1})

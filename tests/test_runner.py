@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import pytest
 
 import cgguard
-from cgguard._cli import BOOT_DIR
+from cgguard._runner import BOOT_DIR
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -786,11 +786,11 @@ ACTIVATED = """\
 import dataclasses, json
 import torch
 import cgguard
-from cgguard import _state
+status = cgguard.status()
 print(json.dumps({
-    "patches": len(_state.patches),
-    "installed": cgguard.is_installed(),
-    "config": dataclasses.asdict(_state.config),
+    "patched": status.patched,
+    "installed": status.installed,
+    "config": dataclasses.asdict(status.config),
     "capture_enabled": cgguard.is_capture_enabled(),
 }), flush=True)
 graph = torch.cuda.CUDAGraph()
@@ -813,7 +813,15 @@ def test_program_importing_torch_is_guarded_as_configured(tmp_path: Path) -> Non
         [*RUNNER, *RUNNER_OPTIONS, "cgg_torch.py"], tmp_path, clean_environ()
     )
     state = {
-        "patches": 5,
+        "patched": [
+            "torch.cuda.graphs.graph.__enter__",
+            "torch.cuda.graphs.CUDAGraph.capture_begin",
+            "torch.cuda.graphs.CUDAGraph.capture_end",
+            "torch.cuda.streams.Stream.synchronize",
+            "torch.cuda.streams.Event.synchronize",
+            # On a CPU build, the simulated runtime's device synchronize, guarded too.
+            "torch._C._cuda_synchronize",
+        ],
         "installed": True,
         "config": {
             "mode": "log",

@@ -1,4 +1,4 @@
-"""Tests for cgguard._simcuda, the simulated CUDA runtime torch's real graph code runs on."""
+"""cgguard.testing._simcuda: the simulated CUDA runtime that torch's real graph code runs on."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import torch
 
-from cgguard._simcuda import (
+from cgguard.testing import simulated_cuda
+from cgguard.testing._simcuda import (
     ActiveCapture,
     Call,
     SimulatedCuda,
     SimulatedCudaError,
     SimulationError,
-    simulated_cuda,
 )
 
 if TYPE_CHECKING:
@@ -389,14 +389,12 @@ def test_capture_end_without_capture_refused(sim: SimulatedCuda) -> None:
 
 
 def test_standins_lead_to_the_real_classes(sim: SimulatedCuda) -> None:
-    """The first class in a stand-in's MRO without the marker is torch's real class."""
-
-    def real(cls: type) -> type:
-        return next(c for c in cls.__mro__ if "__cgguard_standin__" not in vars(c))
+    """Each stand-in is a class of cgguard's whose first torch base is torch's real class."""
+    from cgguard._patches import real_class
 
     standins = [torch.cuda.CUDAGraph, torch.cuda.Stream, torch.cuda.Event]
-    assert [real(cls) for cls in standins] == [REAL_GRAPH, REAL_STREAM, REAL_EVENT]
-    assert [vars(cls)["__cgguard_standin__"] for cls in standins] == [True, True, True]
+    assert [real_class(cls) for cls in standins] == [REAL_GRAPH, REAL_STREAM, REAL_EVENT]
+    assert [cls.__module__ for cls in standins] == ["cgguard.testing._simcuda"] * 3
 
 
 def test_real_methods_run_through_the_standins(sim: SimulatedCuda) -> None:
@@ -472,7 +470,11 @@ def test_import_does_not_import_torch() -> None:
     """Importing the module leaves torch unimported."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run(
-        [sys.executable, "-c", "import cgguard._simcuda, sys; print('torch' in sys.modules)"],
+        [
+            sys.executable,
+            "-c",
+            "import cgguard.testing._simcuda, sys; print('torch' in sys.modules)",
+        ],
         cwd=REPO,
         env=env,
         capture_output=True,

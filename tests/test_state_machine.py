@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import cgguard
-from cgguard import _state
-from cgguard._guard import CaptureRecord
+from cgguard import _guard
+from cgguard._guard import FLAG
 from cgguard.testing import capture_violations, simulated_cuda
 
 pytestmark = pytest.mark.simulated
@@ -153,8 +153,9 @@ class CaptureMachine(RuleBasedStateMachine):
     @invariant()
     def views_agree(self) -> None:
         by_thread: dict[int, set[int]] = {}
-        for key, record in _state.active.items():
-            by_thread.setdefault(CaptureRecord._make(record).thread_id, set()).add(key)
+        assert _guard.current is not None
+        for key, (_, thread, *_) in _guard.current.active.items():
+            by_thread.setdefault(thread, set()).add(key)
         model = {w.ident: {id(c.graph) for c in w.captures} for w in self.workers if w.captures}
         assert by_thread == model
         driver = {(c.thread, c.graph_id) for c in self.simulation.active_captures()}
@@ -179,7 +180,7 @@ class CaptureMachine(RuleBasedStateMachine):
         self.violations_cm.__exit__(None, None, None)
         cgguard.uninstall()
         self.simulation_cm.__exit__(None, None, None)
-        _state.reset()
+        FLAG.set(True, None)
 
 
 CaptureMachine.TestCase.settings = settings(

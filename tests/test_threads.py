@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import cgguard
-from cgguard import _guard, _state
+from cgguard import _guard
 from cgguard.testing import SimulatedCudaError, capture_violations, simulated_cuda
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ def run_workers() -> tuple[list[threading.Thread], list[int]]:
         barrier.wait()  # F
         barrier.wait()  # G
         barrier.wait()  # H
-        owners = sorted(r.thread_id for r in _guard.active_records())
+        owners = sorted(capture.thread_id for capture in cgguard.status().captures)
         torch.cuda.synchronize()  # not capturing here: no violation, and CUDA allows it
         barrier.wait()  # I
     except threading.BrokenBarrierError:
@@ -194,10 +194,10 @@ def test_eight_threads_capturing_count_every_violation_exactly(run: Run) -> None
     concurrent_with = {e["other_thread_id"] for e in events if e["rule"] == "concurrent_capture"}
     assert concurrent_with == {threads[0].ident}
 
-    assert _state.active == {}
-    assert _state.ledger is not None
-    assert totals == _state.ledger.totals()
-    assert len(_state.ledger.sites()) == 4
+    assert cgguard.status().captures == ()
+    assert totals == cgguard.status().violations
+    assert _guard.current is not None
+    assert len(_guard.current.ledger.sites()) == 4
 
     # How the simulated driver saw each capture end: ok for all but each worker's last.
     ended = Counter((c.thread, c.args[1]) for c in run.simulation.calls if c.name == "capture_end")

@@ -10,31 +10,88 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
-from cgguard import _state
-from cgguard._simcuda import SimulatedCuda, SimulatedCudaError, SimulationError, simulated_cuda
+from cgguard import _install
+from cgguard._guard import LISTENERS
+from cgguard.testing import _simcuda
+from cgguard.testing._simcuda import SimulatedCuda, SimulatedCudaError, SimulationError
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+    from cgguard._events import ViolationEvent
 
 __all__ = [
     "SimulatedCuda",
     "SimulatedCudaError",
     "SimulationError",
+    "active_simulation",
     "capture_violations",
     "simulated_cuda",
 ]
 
 
 @contextlib.contextmanager
-def capture_violations() -> Iterator[list[dict[str, object]]]:
+def simulated_cuda(*, force: bool = False) -> Iterator[SimulatedCuda]:
+    """Run torch's real CUDA-graph code over cgguard's simulated CUDA runtime (no GPU).
+
+    Replaces torch.cuda's graph, stream and event entry points with stand-ins for the duration
+    and restores every one on exit. Refuses where real CUDA is available unless ``force``.
+    Composes with an installed cgguard, in either order: the simulated device synchronize is
+    guarded while both are in place.
+    """
+    with _simcuda.simulated_runtime(force=force) as runtime:
+        _install.refresh_device_sync()
+        try:
+            yield runtime
+        finally:
+            # Let go of the simulated synchronize before the simulation removes it.
+            _install.release_device_sync()
+
+
+def active_simulation() -> SimulatedCuda | None:
+    """The simulated CUDA runtime in place now, if any."""
+    return _simcuda.active()
+
+
+@contextlib.contextmanager
+def capture_violations() -> Iterator[list[ViolationEvent]]:
     """Collect the full event of every violation reported inside the block, in order.
 
     Independent of logging: every violation is seen, whatever the configured output.
     """
-    events: list[dict[str, object]] = []
+    events: list[ViolationEvent] = []
     listener = events.append
-    _state.listeners.append(listener)
+    LISTENERS.append(listener)
     try:
         yield events
     finally:
-        _state.listeners.remove(listener)
+        LISTENERS.remove(listener)
+
+
+_session: contextlib.ExitStack | None = None
+
+
+def start_session_simulation() -> None:
+    """The simulated runtime for the rest of the process (CGGUARD_SIMULATE_CUDA activation)."""
+    import atexit
+
+    from cgguard._warn import warn_once
+
+    global _session
+    if _session is not None:
+        return
+    stack = contextlib.ExitStack()
+    try:
+        stack.enter_context(simulated_cuda())
+    except Exception as exc:  # e.g. a torch built with CUDA: guard it all the same, unsimulated
+        warn_once("simulation", f"CGGUARD_SIMULATE_CUDA: no simulated CUDA runtime: {exc}")
+        return
+    _session = stack
+    # Left at exit while the interpreter is still whole; a generator closed by the garbage
+    # collector at shutdown would run its clean-up with its module's globals already gone.
+    atexit.register(stack.close)
+    warn_once(
+        "simulation",
+        "CGGUARD_SIMULATE_CUDA: torch.cuda runs on cgguard's simulated CUDA runtime "
+        "(no GPU work; results are not GPU results)",
+    )

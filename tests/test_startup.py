@@ -1,4 +1,4 @@
-"""The post-import hook in cgguard._bootstrap: callbacks after a module's import, never before."""
+"""The post-import hook in cgguard._startup: callbacks after a module's import, never before."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from cgguard import _bootstrap, _warn
+from cgguard import _startup, _warn
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -55,7 +55,7 @@ def modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Modules
 @pytest.fixture(autouse=True)
 def _clean_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
     """No callbacks pending, sys.meta_path restored and warnings unsaid, around each test."""
-    monkeypatch.setattr(_bootstrap, "_callbacks", {})
+    monkeypatch.setattr(_startup, "_callbacks", {})
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.setattr(_warn, "_said", set())
 
@@ -76,7 +76,7 @@ def test_fires_once_after_the_body_ran(modules: Modules) -> None:
     """The callback gets the module once its whole body ran, and never again on re-import."""
     name = modules.write(BODY)
     calls: list[tuple[ModuleType, object]] = []
-    _bootstrap.when_imported(name, recorder(calls))
+    _startup.when_imported(name, recorder(calls))
     module = importlib.import_module(name)
     del sys.modules[name]
     importlib.import_module(name)
@@ -89,7 +89,7 @@ def test_fires_for_a_submodule(modules: Modules) -> None:
     (modules.folder / package / "sub.py").write_text(BODY)
     importlib.invalidate_caches()
     calls: list[tuple[ModuleType, object]] = []
-    _bootstrap.when_imported(f"{package}.sub", recorder(calls))
+    _startup.when_imported(f"{package}.sub", recorder(calls))
     module = importlib.import_module(f"{package}.sub")
     assert [(module, "body ran to the end")] == calls
 
@@ -98,7 +98,7 @@ def test_other_modules_do_not_fire(modules: Modules) -> None:
     """Importing other modules and packages fires nothing; the watched one fires after."""
     watched = modules.write(BODY)
     calls: list[tuple[ModuleType, object]] = []
-    _bootstrap.when_imported(watched, recorder(calls))
+    _startup.when_imported(watched, recorder(calls))
     importlib.import_module(modules.write(BODY))
     importlib.import_module(modules.write(BODY, package=True))
     assert calls == []
@@ -110,7 +110,7 @@ def test_registering_does_not_import(modules: Modules) -> None:
     """when_imported() only registers: the module is not imported and nothing is called."""
     name = modules.write("raise AssertionError('imported by when_imported')\n")
     calls: list[tuple[ModuleType, object]] = []
-    _bootstrap.when_imported(name, recorder(calls))
+    _startup.when_imported(name, recorder(calls))
     assert (name in sys.modules, calls) == (False, [])
 
 
@@ -120,9 +120,9 @@ def test_cancel_prevents_the_call(modules: Modules) -> None:
     cancelled: list[tuple[ModuleType, object]] = []
     kept: list[tuple[ModuleType, object]] = []
     callback = recorder(cancelled)
-    _bootstrap.when_imported(name, callback)
-    _bootstrap.when_imported(name, recorder(kept))
-    _bootstrap.cancel(name, callback)
+    _startup.when_imported(name, callback)
+    _startup.when_imported(name, recorder(kept))
+    _startup.cancel(name, callback)
     module = importlib.import_module(name)
     assert ([], [(module, "body ran to the end")]) == (cancelled, kept)
 
@@ -137,8 +137,8 @@ def test_failing_callback_does_not_fail_the_import(
         raise ValueError("boom")
 
     calls: list[tuple[ModuleType, object]] = []
-    _bootstrap.when_imported(name, fail)
-    _bootstrap.when_imported(name, recorder(calls))
+    _startup.when_imported(name, fail)
+    _startup.when_imported(name, recorder(calls))
     module = importlib.import_module(name)
     assert [(module, "body ran to the end")] == calls
     assert sys.modules[name] is module
@@ -150,7 +150,7 @@ def test_failed_import_does_not_fire(modules: Modules) -> None:
     """A module whose body raises fails as usual and its callback waits for a successful import."""
     name = modules.write("LAST = 'half'\nraise ImportError('body failed')\n")
     calls: list[tuple[ModuleType, object]] = []
-    _bootstrap.when_imported(name, recorder(calls))
+    _startup.when_imported(name, recorder(calls))
     with pytest.raises(ImportError) as info:
         importlib.import_module(name)
     assert str(info.value) == "body failed"
@@ -165,11 +165,11 @@ def test_finder_leaves_meta_path_when_nothing_is_pending(modules: Modules) -> No
     """The finder goes first on sys.meta_path while callbacks wait, and leaves after the last."""
     before = list(sys.meta_path)
     first, second = modules.write(BODY), modules.write(BODY)
-    _bootstrap.when_imported(first, recorder([]))
-    _bootstrap.when_imported(second, recorder([]))
-    assert [_bootstrap._finder, *before] == sys.meta_path
+    _startup.when_imported(first, recorder([]))
+    _startup.when_imported(second, recorder([]))
+    assert [_startup._finder, *before] == sys.meta_path
     importlib.import_module(first)
-    assert [_bootstrap._finder, *before] == sys.meta_path
+    assert [_startup._finder, *before] == sys.meta_path
     importlib.import_module(second)
     assert before == sys.meta_path
 
@@ -179,15 +179,15 @@ def test_cancel_of_the_last_callback_removes_the_finder(modules: Modules) -> Non
     before = list(sys.meta_path)
     name = modules.write(BODY)
     callback = recorder([])
-    _bootstrap.when_imported(name, callback)
-    _bootstrap.cancel(name, callback)
+    _startup.when_imported(name, callback)
+    _startup.cancel(name, callback)
     assert before == sys.meta_path
 
 
 def test_loader_is_left_unhooked(modules: Modules) -> None:
     """After the import the module's loader has no instance exec_module left by the hook."""
     name = modules.write(BODY)
-    _bootstrap.when_imported(name, recorder([]))
+    _startup.when_imported(name, recorder([]))
     module = importlib.import_module(name)
     assert module.__spec__ is not None
     loader = module.__spec__.loader

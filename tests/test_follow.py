@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import cgguard
-from cgguard import _state
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -140,7 +139,6 @@ def test_uninstall_puts_the_setter_back(standin: Path) -> None:
     assert mon.set_cudagraph_capturing_enabled is not original
     cgguard.uninstall()
     assert mon.set_cudagraph_capturing_enabled is original
-    assert _state.flag_sources == []
     mon.cudagraph_capturing_enabled = False
     assert cgguard.is_capture_enabled() is True
 
@@ -151,7 +149,7 @@ def test_bridge_can_be_switched_off(standin: Path) -> None:
     original = mon.set_cudagraph_capturing_enabled
     cgguard.install(cgguard.Config(vllm_bridge=False))
     assert mon.set_cudagraph_capturing_enabled is original
-    assert _state.flag_sources == []
+    assert cgguard.status().followed == ()
 
 
 def test_uninstall_before_vllm_import_cancels_the_bridge(standin: Path) -> None:
@@ -159,7 +157,8 @@ def test_uninstall_before_vllm_import_cancels_the_bridge(standin: Path) -> None:
     cgguard.install()
     cgguard.uninstall()
     mon = monitor()
-    assert _state.flag_sources == []
+    cgguard.install(cgguard.Config(vllm_bridge=False))
+    assert cgguard.status().followed == ()
     assert mon.set_cudagraph_capturing_enabled.__module__ == "vllm.compilation.monitor"
     assert type(mon.set_cudagraph_capturing_enabled).__name__ == "function"
 
@@ -195,7 +194,7 @@ def test_reinstall_keeps_the_users_follows(standin: Path, cuda: None) -> None:
 
     mon = monitor()
     cgguard.install(cgguard.Config(vllm_bridge=False))
-    assert [source.label for source in _state.flag_sources] == ["myframework.CAPTURE_OK"]
+    assert cgguard.status().followed == ("myframework.CAPTURE_OK",)
     assert type(mon.set_cudagraph_capturing_enabled).__name__ == "function"
 
 

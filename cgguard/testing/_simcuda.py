@@ -4,20 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import sys
 import threading
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cgguard._errors import CgguardError
-
-__all__ = [
-    "ActiveCapture",
-    "Call",
-    "SimulatedCuda",
-    "SimulatedCudaError",
-    "SimulationError",
-    "simulated_cuda",
-]
+from cgguard._patchset import PatchSet
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -236,7 +227,6 @@ def _live(sim: SimulatedCuda) -> SimulatedCuda:
 class _GraphBackend:
     """The C++ half of torch.cuda.CUDAGraph, simulated; the real class's super() calls land here."""
 
-    __cgguard_standin__ = True
     _simcuda: SimulatedCuda
     _simcuda_id: int
     _simcuda_captured: bool
@@ -273,7 +263,6 @@ class _GraphBackend:
 class _StreamBackend:
     """The C++ half of torch.cuda.Stream, simulated; stream 0 is the default stream."""
 
-    __cgguard_standin__ = True
     _simcuda: SimulatedCuda
     stream_id: int
     device_index: int
@@ -310,7 +299,6 @@ class _StreamBackend:
 class _EventBackend:
     """The C++ half of torch.cuda.Event, simulated: it remembers where it was recorded."""
 
-    __cgguard_standin__ = True
     _simcuda: SimulatedCuda
     _simcuda_id: int
     _simcuda_timing: bool
@@ -402,7 +390,6 @@ def _standin(name: str, real: type, backend: type, new: Callable[..., Any]) -> t
         name,
         (real, backend),
         {
-            "__cgguard_standin__": True,
             "__module__": __name__,
             "__doc__": f"cgguard's stand-in for torch.cuda.{real.__name__}{_SUFFIX}.",
             "__new__": new,
@@ -497,24 +484,10 @@ def _host_empty_cache() -> None:
     _active()._note("host_empty_cache")
 
 
-_MISSING = object()
-
-
-def _install(torch: ModuleType) -> Callable[[], None]:
-    """Put the stand-ins in place; return what puts every replaced attribute back."""
-    saved: list[tuple[object, str, object]] = []
-
-    def put(owner: Any, name: str, value: object) -> None:
-        saved.append((owner, name, vars(owner).get(name, _MISSING)))
-        setattr(owner, name, value)
-
-    def restore() -> None:
-        for owner, name, old in reversed(saved):
-            if old is _MISSING:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, old)
-
+def _install(torch: ModuleType) -> PatchSet:
+    """Put the stand-ins in place; return the patches that put every replaced attribute back."""
+    patches = PatchSet()
+    put = patches.replace
     # A failure half-way must not leave torch half patched.
     try:
         cuda = torch.cuda
@@ -541,13 +514,18 @@ def _install(torch: ModuleType) -> Callable[[], None]:
         # (or an ended session) must not be used for captures here.
         put(cuda.graphs.graph, "default_capture_stream", None)
     except BaseException:
-        restore()
+        patches.restore()
         raise
-    return restore
+    return patches
+
+
+def active() -> SimulatedCuda | None:
+    """The simulated runtime in place now, if any."""
+    return _ACTIVE
 
 
 @contextlib.contextmanager
-def simulated_cuda(*, force: bool = False) -> Iterator[SimulatedCuda]:
+def simulated_runtime(*, force: bool = False) -> Iterator[SimulatedCuda]:
     """Run torch's real CUDA-graph code over cgguard's simulated CUDA runtime (no GPU).
 
     Replaces torch.cuda's graph, stream and event entry points with stand-ins for the duration
@@ -573,24 +551,11 @@ def simulated_cuda(*, force: bool = False) -> Iterator[SimulatedCuda]:
                 + _SUFFIX
             )
         sim = SimulatedCuda()
-        restore = _install(torch)
+        patches = _install(torch)
         _ACTIVE = sim
-        _tell_cgguard(entering=True)
     try:
         yield sim
     finally:
         with _ACTIVATION_LOCK:
-            _tell_cgguard(entering=False)
             _ACTIVE = None
-            restore()
-
-
-def _tell_cgguard(*, entering: bool) -> None:
-    # torch._C._cuda_synchronize comes and goes with the simulation; if cgguard is installed,
-    # it wraps the simulated one on entry and lets go of it before the simulation removes it.
-    patches = sys.modules.get("cgguard._patches")
-    if patches is not None:
-        if entering:
-            patches.refresh_device_sync()
-        else:
-            patches.release_device_sync()
+            patches.restore()

@@ -1,4 +1,4 @@
-"""cgguard._report: violation events rendered by cgguard's own structlog chain, then written."""
+"""cgguard._log: violation events rendered by cgguard's own structlog chain, then written."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import structlog
 import structlog.testing
 
-from cgguard._report import Reporter
+from cgguard._log import EventLog
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, MutableMapping
@@ -126,9 +126,9 @@ EVENTS = [
 
 
 @pytest.fixture
-def reporters() -> Iterator[list[Reporter]]:
+def reporters() -> Iterator[list[EventLog]]:
     """Reporters a test opens, closed after it."""
-    made: list[Reporter] = []
+    made: list[EventLog] = []
     yield made
     for reporter in made:
         reporter.close()
@@ -144,7 +144,7 @@ def json_lines(text: str) -> list[Any]:
 def test_injected_processors_see_the_event(event: dict[str, Any]) -> None:
     """Injected processors receive exactly the event's fields, plus the level LogCapture adds."""
     capture = structlog.testing.LogCapture()
-    Reporter(processors=[capture]).emit(event)
+    EventLog(processors=[capture]).emit(event)
     assert [{**event, "log_level": event["level"]}] == capture.entries
 
 
@@ -153,7 +153,7 @@ def test_json_is_one_line_of_the_event(
     event: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """JSON rendering writes one stderr line that parses back to the event, keys in schema order."""
-    Reporter(log_format="json").emit(event)
+    EventLog(log_format="json").emit(event)
     out, err = capsys.readouterr()
     (parsed,) = json_lines(err)
     assert ("", event, list(event)) == (out, parsed, list(parsed))
@@ -163,7 +163,7 @@ def test_json_starts_with_event_key(capsys: pytest.CaptureFixture[str]) -> None:
     """The JSON line's first key is "event", whatever order the fields came in."""
     event = nested_event()
     shuffled = dict(reversed(list(event.items())))
-    Reporter(log_format="json").emit(shuffled)
+    EventLog(log_format="json").emit(shuffled)
     (parsed,) = json_lines(capsys.readouterr().err)
     assert (event, "event") == (parsed, next(iter(parsed)))
 
@@ -172,7 +172,7 @@ def test_default_format_is_json_when_stderr_is_not_a_terminal(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """With no format chosen and stderr not a terminal, events are JSON lines."""
-    Reporter().emit(nested_event())
+    EventLog().emit(nested_event())
     assert [nested_event()] == json_lines(capsys.readouterr().err)
 
 
@@ -180,8 +180,8 @@ def test_default_format_is_json_when_stderr_is_not_a_terminal(
 def test_emit_leaves_the_callers_event_unchanged() -> None:
     """Rendering works on a copy: the event passed in is the same after emit()."""
     event = nested_event()
-    Reporter(log_format="console").emit(event)
-    Reporter(log_format="json").emit(event)
+    EventLog(log_format="console").emit(event)
+    EventLog(log_format="json").emit(event)
     assert nested_event() == event
 
 
@@ -251,7 +251,7 @@ def test_console_folds_stacks_into_a_traceback_block(
     event: dict[str, Any], block: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Console rendering prints the event line, then its stacks as one traceback-like block."""
-    Reporter(log_format="console").emit(event)
+    EventLog(log_format="console").emit(event)
     out, err = capsys.readouterr()
     _, rest = err.split("\n", 1)
     assert ("", block) == (out, rest)
@@ -261,17 +261,17 @@ def test_console_has_no_colors_when_stderr_is_not_a_terminal(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Console rendering to a stderr that is not a terminal has no ANSI escape codes."""
-    Reporter(log_format="console").emit(nested_event())
+    EventLog(log_format="console").emit(nested_event())
     assert "\x1b" not in capsys.readouterr().err
 
 
 def test_log_file_appends_one_line_per_event(
-    tmp_path: Path, reporters: list[Reporter], capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, reporters: list[EventLog], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Each event appends exactly one line to the log file, after what it held; stderr is quiet."""
     path = tmp_path / "events.log"
     path.write_text('{"earlier": true}\n')
-    reporter = Reporter(log_format="json", log_file=str(path))
+    reporter = EventLog(log_format="json", log_file=str(path))
     reporters.append(reporter)
     reporter.emit(nested_event())
     reporter.emit(disabled_event())
@@ -280,20 +280,20 @@ def test_log_file_appends_one_line_per_event(
     assert capsys.readouterr() == ("", "")
 
 
-def test_log_file_is_created_when_missing(tmp_path: Path, reporters: list[Reporter]) -> None:
+def test_log_file_is_created_when_missing(tmp_path: Path, reporters: list[EventLog]) -> None:
     """A log file that does not exist yet is created, holding the event."""
     path = tmp_path / "new.log"
-    reporter = Reporter(log_format="json", log_file=str(path))
+    reporter = EventLog(log_format="json", log_file=str(path))
     reporters.append(reporter)
     reporter.emit(nested_event())
     assert [nested_event()] == json_lines(path.read_text())
 
 
-def test_two_reporters_share_a_log_file_in_turn(tmp_path: Path, reporters: list[Reporter]) -> None:
+def test_two_reporters_share_a_log_file_in_turn(tmp_path: Path, reporters: list[EventLog]) -> None:
     """Two reporters on one file (two processes) append in turn: nothing is overwritten."""
     path = str(tmp_path / "shared.log")
-    first = Reporter(log_format="json", log_file=path)
-    second = Reporter(log_format="json", log_file=path)
+    first = EventLog(log_format="json", log_file=path)
+    second = EventLog(log_format="json", log_file=path)
     reporters.extend([first, second])
     first.emit(nested_event())
     second.emit(disabled_event())
@@ -304,7 +304,7 @@ def test_two_reporters_share_a_log_file_in_turn(tmp_path: Path, reporters: list[
 
 
 def test_two_reporters_writing_at_once_never_interleave(
-    tmp_path: Path, reporters: list[Reporter]
+    tmp_path: Path, reporters: list[EventLog]
 ) -> None:
     """Long lines written at once by two reporters on one file land whole, none lost."""
     path = str(tmp_path / "busy.log")
@@ -312,11 +312,11 @@ def test_two_reporters_writing_at_once_never_interleave(
     def event(writer: int, n: int) -> dict[str, Any]:
         return {**nested_event(), "pid": writer, "thread_id": n, "message": f"{writer}" * 20_000}
 
-    def write_all(reporter: Reporter, writer: int) -> None:
+    def write_all(reporter: EventLog, writer: int) -> None:
         for n in range(100):
             reporter.emit(event(writer, n))
 
-    pair = [Reporter(log_format="json", log_file=path) for _ in range(2)]
+    pair = [EventLog(log_format="json", log_file=path) for _ in range(2)]
     reporters.extend(pair)
     threads = [threading.Thread(target=write_all, args=(r, w)) for w, r in enumerate(pair)]
     for thread in threads:
@@ -346,7 +346,7 @@ def _fds_on(path: Path) -> list[int]:
 def test_close_releases_the_log_file(tmp_path: Path) -> None:
     """The log file is held open from the first event until close()."""
     path = tmp_path / "held.log"
-    reporter = Reporter(log_format="json", log_file=str(path))
+    reporter = EventLog(log_format="json", log_file=str(path))
     reporter.emit(nested_event())
     held = _fds_on(path)
     reporter.close()
@@ -354,11 +354,11 @@ def test_close_releases_the_log_file(tmp_path: Path) -> None:
 
 
 def test_unopenable_log_file_falls_back_to_stderr(
-    tmp_path: Path, reporters: list[Reporter], capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, reporters: list[EventLog], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A log file that cannot be opened is said once on stderr, and events go to stderr."""
     path = str(tmp_path / "missing" / "events.log")
-    reporter = Reporter(log_format="json", log_file=path)
+    reporter = EventLog(log_format="json", log_file=path)
     reporters.append(reporter)
     reporter.emit(nested_event())
     reporter.emit(disabled_event())
@@ -378,7 +378,7 @@ def test_failing_processor_is_a_warning(capsys: pytest.CaptureFixture[str]) -> N
     def broken(_: object, __: str, event_dict: MutableMapping[str, Any]) -> Any:
         raise RuntimeError("processor failed")
 
-    reporter = Reporter(processors=[broken])
+    reporter = EventLog(processors=[broken])
     reporter.emit(nested_event())
     reporter.emit(nested_event())
     expected_err = "cgguard: could not report a violation: RuntimeError('processor failed')\n"
@@ -410,8 +410,8 @@ def test_host_structlog_configuration_is_neither_read_nor_changed(
     structlog.configure(processors=[host_processor])
     # Lists copied: a processor appended in place would otherwise show in both.
     before = {k: list(v) if isinstance(v, list) else v for k, v in structlog.get_config().items()}
-    Reporter(log_format="console").emit(nested_event())
-    Reporter(log_format="json").emit(nested_event())
+    EventLog(log_format="console").emit(nested_event())
+    EventLog(log_format="json").emit(nested_event())
     after = structlog.get_config()
     json_line = capsys.readouterr().err.splitlines()[-1]
     assert (nested_event(), []) == (json.loads(json_line), seen)
@@ -419,11 +419,11 @@ def test_host_structlog_configuration_is_neither_read_nor_changed(
 
 
 def test_structlog_is_imported_at_the_first_emit() -> None:
-    """Importing cgguard._report does not import structlog; the first emit does."""
+    """Importing cgguard._log does not import structlog; the first emit does."""
     script = (
-        "import sys, cgguard._report\n"
+        "import sys, cgguard._log\n"
         "print('structlog' in sys.modules)\n"
-        "cgguard._report.Reporter(log_format='json').emit({'event': 'e', 'level': 'error'})\n"
+        "cgguard._log.EventLog(log_format='json').emit({'event': 'e', 'level': 'error'})\n"
         "print('structlog' in sys.modules)\n"
     )
     result = subprocess.run(

@@ -1,4 +1,4 @@
-"""cgguard._environ: the CGGUARD_* variables, their spellings, a start-up path without imports."""
+"""cgguard._settings: each setting, its CGGUARD_* variable and spellings; a cheap start-up path."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from cgguard import _environ
+from cgguard import _settings
+from cgguard._rules import ACTIONS
 
 TRUE_SPELLINGS = ["1", "true", "yes", "on", "TRUE", "Yes", "oN", " on ", "\ttrue\n"]
 FALSE_SPELLINGS = ["0", "false", "no", "off", "FALSE", "No", "oFf", " 0 ", "\tno\n"]
@@ -16,19 +17,19 @@ FALSE_SPELLINGS = ["0", "false", "no", "off", "FALSE", "No", "oFf", " 0 ", "\tno
 @pytest.mark.parametrize("raw", TRUE_SPELLINGS)
 def test_parse_bool_true_spellings(raw: str) -> None:
     """1/true/yes/on, in any case and with surrounding whitespace, parse as True."""
-    assert _environ.parse_bool(raw) is True
+    assert _settings.parse_bool(raw) is True
 
 
 @pytest.mark.parametrize("raw", FALSE_SPELLINGS)
 def test_parse_bool_false_spellings(raw: str) -> None:
     """0/false/no/off, in any case and with surrounding whitespace, parse as False."""
-    assert _environ.parse_bool(raw) is False
+    assert _settings.parse_bool(raw) is False
 
 
 @pytest.mark.parametrize("raw", ["", " ", "2", "-1", "enable", "y", "n", "truee", "o n"])
 def test_parse_bool_other_spellings_are_none(raw: str) -> None:
     """Anything but the accepted spellings parses as None, not as a guess."""
-    assert _environ.parse_bool(raw) is None
+    assert _settings.parse_bool(raw) is None
 
 
 @pytest.mark.parametrize(
@@ -45,7 +46,7 @@ def test_parse_bool_other_spellings_are_none(raw: str) -> None:
 )
 def test_is_enabled(environ: dict[str, str], expected: bool | None) -> None:
     """CGGUARD_ENABLED reads True/False for boolean spellings, None when unset, empty or unknown."""
-    assert expected is _environ.is_enabled(environ)
+    assert expected is _settings.is_enabled(environ)
 
 
 def test_read_every_variable() -> None:
@@ -97,7 +98,7 @@ def test_read_every_variable() -> None:
         },
         [],
     )
-    assert expected == _environ.read(environ)
+    assert expected == _settings.read(environ)
 
 
 def test_read_mixed_mapping() -> None:
@@ -133,7 +134,7 @@ def test_read_mixed_mapping() -> None:
         },
         ["ignoring CGGUARD_CAPTURE='sometimes': accepted values are enabled, disabled"],
     )
-    assert expected == _environ.read(environ)
+    assert expected == _settings.read(environ)
 
 
 def test_read_bad_boolean_and_bad_choice() -> None:
@@ -161,7 +162,7 @@ def test_read_bad_boolean_and_bad_choice() -> None:
             "accepted values are raise, log, off",
         ],
     )
-    assert expected == _environ.read(environ)
+    assert expected == _settings.read(environ)
 
 
 def test_rule_variables_name_every_rule() -> None:
@@ -175,7 +176,7 @@ def test_rule_variables_name_every_rule() -> None:
         },
         ("raise", "log", "off"),
     )
-    assert expected == (_environ.RULE_VARIABLES, _environ.ACTIONS)
+    assert expected == (_settings.RULE_VARIABLES, ACTIONS)
 
 
 def _modules_after(code: str) -> set[str]:
@@ -188,15 +189,15 @@ def _modules_after(code: str) -> set[str]:
 
 
 def test_import_adds_no_heavy_modules() -> None:
-    """Importing cgguard._environ loads only cgguard and cgguard._environ: no typing, no json."""
+    """Importing cgguard._settings loads only it, the rule table and the exceptions: no typing."""
     bare = _modules_after("pass")
-    imported = _modules_after("import cgguard._environ")
-    assert {"cgguard", "cgguard._environ"} == imported - bare
+    imported = _modules_after("import cgguard._settings")
+    assert {"cgguard", "cgguard._settings", "cgguard._rules", "cgguard._errors"} == imported - bare
 
 
 def test_misspelt_rule_variable_is_reported() -> None:
     """A CGGUARD_RULE_ variable that names no rule is a problem line, not a silent no-op."""
-    values, sources, problems = _environ.read({"CGGUARD_RULE_NESTED": "off"})
+    values, sources, problems = _settings.read({"CGGUARD_RULE_NESTED": "off"})
     assert (values, sources) == ({}, {})
     assert problems == [
         "ignoring CGGUARD_RULE_NESTED: no such rule; the rule variables are "

@@ -13,14 +13,16 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from cgguard import _bootstrap, _state
+from cgguard import _guard, _startup
 from cgguard._errors import ConfigError
 from cgguard._frames import snapshot
+from cgguard._guard import FlagSource
+from cgguard._patchset import PatchSet
 
 if TYPE_CHECKING:
     from types import ModuleType
 
-    from cgguard._frames import Snapshot
+    from cgguard._guard import Guard
 
 VLLM = (
     "vllm.compilation.monitor",
@@ -29,60 +31,49 @@ VLLM = (
 )
 
 
-class FlagSource:
-    """One followed flag: a module attribute, and where its setter last changed it."""
-
-    def __init__(self, module: ModuleType, attribute: str) -> None:
-        self.module = module
-        self.attribute = attribute
-        self.label = f"{module.__name__}.{attribute}"
-        self.changed_at: Snapshot | None = None
-
-    def enabled(self) -> bool:
-        return bool(getattr(self.module, self.attribute, True))
-
-
 class _Follow:
-    """A follow_flag() request: applied when its module is imported, undone by unfollow_all()."""
+    """A follow request: applied when its module is imported, undone by unfollow_all()."""
 
     def __init__(self, module: str, attribute: str, setter: str | None) -> None:
         self.module_name = module
         self.attribute = attribute
         self.setter = setter
         self.source: FlagSource | None = None
-        self.original_setter: Any = None
+        self.patches = PatchSet()
 
     def apply(self, module: ModuleType) -> None:
         import wrapt
 
         source = FlagSource(module, self.attribute)
+
+        def record_where(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+            where = snapshot(1)
+            result = wrapped(*args, **kwargs)
+            # Only a call that left the flag off is where capture was disabled; after one that
+            # turned it on, a later refusal must name the flag, not this line.
+            source.changed_at = None if source.enabled() else where
+            return result
+
         if self.setter is not None and callable(getattr(module, self.setter, None)):
-            self.original_setter = getattr(module, self.setter)
-
-            def record_where(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-                where = snapshot(1)
-                result = wrapped(*args, **kwargs)
-                # Only a call that left the flag off is where capture was disabled; after one
-                # that turned it on, a later refusal must name the flag, not this line.
-                source.changed_at = None if source.enabled() else where
-                return result
-
-            setattr(module, self.setter, wrapt.FunctionWrapper(self.original_setter, record_where))
+            self.patches.wrap(
+                module, self.setter, lambda original: wrapt.FunctionWrapper(original, record_where)
+            )
         self.source = source
-        _state.flag_sources.append(source)
+        if _guard.current is not None:
+            _guard.current.follows.append(source)
 
     def undo(self) -> None:
-        _bootstrap.cancel(self.module_name, self.apply)
-        if self.source is None:
-            return
-        if self.source in _state.flag_sources:
-            _state.flag_sources.remove(self.source)
-        if self.original_setter is not None:
-            setattr(self.source.module, self.setter or "", self.original_setter)
+        _startup.cancel(self.module_name, self.apply)
+        guard = _guard.current
+        if self.source is not None and guard is not None and self.source in guard.follows:
+            guard.follows.remove(self.source)
+        self.patches.restore()
         self.source = None
 
 
-_follows: list[_Follow] = []
+# The requests made, in order; vLLM's apart, since install() switches it with its config.
+_requests: list[_Follow] = []
+_vllm: _Follow | None = None
 
 
 def follow_flag(module: str, attribute: str, setter: str | None = None) -> None:
@@ -95,7 +86,7 @@ def follow_flag(module: str, attribute: str, setter: str | None = None) -> None:
     for value, what in ((module, "module"), (attribute, "attribute")):
         if not isinstance(value, str) or not value:
             raise ConfigError(f"follow_flag({what}={value!r}): accepted values are a name")
-    _follows.append(_start(module, attribute, setter))
+    _requests.append(_start(module, attribute, setter))
 
 
 def _start(module: str, attribute: str, setter: str | None) -> _Follow:
@@ -103,11 +94,8 @@ def _start(module: str, attribute: str, setter: str | None) -> _Follow:
     if module in sys.modules:
         follow.apply(sys.modules[module])
     else:
-        _bootstrap.when_imported(module, follow.apply)
+        _startup.when_imported(module, follow.apply)
     return follow
-
-
-_vllm: _Follow | None = None
 
 
 def follow_vllm(enabled: bool) -> None:
@@ -120,8 +108,20 @@ def follow_vllm(enabled: bool) -> None:
         _vllm = _start(*VLLM)
 
 
+def attach(guard: Guard) -> None:
+    """Give a new installation the flags already followed."""
+    for follow in [*_requests, *([_vllm] if _vllm else [])]:
+        if follow.source is not None and follow.source not in guard.follows:
+            guard.follows.append(follow.source)
+
+
+def waiting() -> list[str]:
+    """The modules whose flags will be followed once they are imported."""
+    return [f.module_name for f in [*_requests, *([_vllm] if _vllm else [])] if f.source is None]
+
+
 def unfollow_all() -> None:
     """Stop following every flag; put each wrapped setter back."""
     follow_vllm(False)
-    while _follows:
-        _follows.pop().undo()
+    while _requests:
+        _requests.pop().undo()

@@ -1,0 +1,218 @@
+"""What cgguard says, as data: the README's event schema as types, and the one place that builds
+violation events, repeats, the exit summary and the JSON report's document."""
+
+from __future__ import annotations
+
+import os
+import platform
+import threading
+import time
+from typing import TYPE_CHECKING, TypedDict, cast
+
+from cgguard._frames import FrameInfo, render, where
+from cgguard._rules import RULES
+from cgguard._version import __version__, distribution_version
+
+if TYPE_CHECKING:
+    from typing_extensions import NotRequired
+
+    from cgguard._config import Config
+    from cgguard._frames import Snapshot
+    from cgguard._ledger import Ledger, Site
+    from cgguard._rules import Cause
+
+_RANK_VARIABLES = (("RANK", "rank"), ("LOCAL_RANK", "local_rank"), ("WORLD_SIZE", "world_size"))
+
+
+class ViolationEvent(TypedDict):
+    """``cgguard.capture_violation``: one violation, in full, or a repeat at its site, briefly."""
+
+    event: str
+    level: str  # "error" when raised, "warning" when logged
+    rule: str
+    action: str  # "raised" or "logged"
+    api: str
+    message: str
+    count: int
+    thread: str
+    thread_id: int | None
+    pid: int
+    rank: NotRequired[int | str]
+    local_rank: NotRequired[int | str]
+    world_size: NotRequired[int | str]
+    timestamp: str
+    stack: NotRequired[list[FrameInfo]]
+    outer_stack: NotRequired[list[FrameInfo]]
+    disabled_stack: NotRequired[list[FrameInfo] | None]
+    other_stack: NotRequired[list[FrameInfo]]
+    other_thread_id: NotRequired[int]
+    capture_stack: NotRequired[list[FrameInfo]]
+    site: NotRequired[FrameInfo | None]  # a repeat only, in place of the stacks
+
+
+class SiteCount(TypedDict):
+    """One site in the exit summary."""
+
+    rule: str
+    count: int
+    file: str | None
+    line: int | None
+    function: str | None
+
+
+class SummaryEvent(TypedDict):
+    """``cgguard.summary``: the run's counts per rule and per site, at exit."""
+
+    event: str
+    level: str
+    pid: int
+    rank: NotRequired[int | str]
+    local_rank: NotRequired[int | str]
+    world_size: NotRequired[int | str]
+    timestamp: str
+    totals: dict[str, int]
+    sites: list[SiteCount]
+
+
+class ReportViolation(TypedDict):
+    """A distinct violation in the JSON report: its rule, count and first full event."""
+
+    rule: str
+    count: int
+    first: ViolationEvent
+
+
+class ReportDocument(TypedDict):
+    """The JSON report."""
+
+    cgguard: str
+    python: str
+    torch: str | None
+    pid: int
+    rank: NotRequired[int | str]
+    local_rank: NotRequired[int | str]
+    world_size: NotRequired[int | str]
+    written_at: str
+    config: dict[str, object]
+    totals: dict[str, int]
+    violations: list[ReportViolation]
+
+
+def ranks() -> dict[str, int | str]:
+    """RANK, LOCAL_RANK and WORLD_SIZE where set: a distributed job's reports, told apart.
+
+    A plain decimal number becomes an int; anything else is kept as the string it is.
+    """
+    found: dict[str, int | str] = {}
+    for variable, key in _RANK_VARIABLES:
+        value = os.environ.get(variable)
+        if value is not None:
+            # Not isdigit(): it is true for "²", which int() rejects.
+            found[key] = int(value) if value.isascii() and value.isdecimal() else value
+    return found
+
+
+def timestamp(now: float) -> str:
+    """ISO 8601 in UTC with microseconds."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
+
+
+def _common(rule: str, api: str, action: str, count: int) -> dict[str, object]:
+    """The keys every violation event starts with, in schema order."""
+    now = time.time()
+    thread = threading.current_thread()
+    event: dict[str, object] = {
+        "event": "cgguard.capture_violation",
+        "level": "error" if action == "raised" else "warning",
+        "rule": rule,
+        "action": action,
+        "api": api,
+        "message": "",
+        "count": count,
+        "thread": thread.name,
+        "thread_id": thread.ident,
+        "pid": os.getpid(),
+    }
+    event.update(ranks())
+    event["timestamp"] = timestamp(now)
+    return event
+
+
+def violation(
+    rule: str,
+    api: str,
+    stack: Snapshot,
+    cause_stack: Snapshot | None,
+    cause: Cause,
+    *,
+    action: str,
+    count: int,
+) -> ViolationEvent:
+    """A violation as the full event the README documents.
+
+    ``cause_stack`` is where the cause happened, if known; ``cause`` says the rest, its
+    ``where`` completed here from the cause's stack when there is one.
+    """
+    spec = RULES[rule]
+    event = _common(rule, api, action, count)
+    frames = render(stack)
+    event["stack"] = frames
+    cause_frames = render(cause_stack) if cause_stack is not None else None
+    event[spec.cause_key] = cause_frames
+    if rule == "concurrent_capture":
+        event["other_thread_id"] = cause.thread_id
+    if cause_frames is not None:
+        cause.where = cause.where.format(where=where(cause_frames))
+    event["message"] = spec.message(f"{api} at {where(frames)}", cause)
+    return cast("ViolationEvent", event)
+
+
+def repeat(site: Site, count: int, top: FrameInfo | None) -> ViolationEvent:
+    """A brief report of a repeat: the count and the site, no stacks."""
+    event = _common(site.rule, site.api, site.action, count)
+    event["message"] = f"repeated {count} times at {where([top] if top else [])}"
+    event["site"] = top
+    return cast("ViolationEvent", event)
+
+
+def summary(ledger: Ledger) -> SummaryEvent:
+    """The ``cgguard.summary`` event: counts per rule and per site."""
+    sites: list[SiteCount] = []
+    for site in ledger.sites():
+        top = ledger.where(site)
+        sites.append(
+            {
+                "rule": site.rule,
+                "count": site.count,
+                "file": top["file"] if top else None,
+                "line": top["line"] if top else None,
+                "function": top["function"] if top else None,
+            }
+        )
+    event: dict[str, object] = {"event": "cgguard.summary", "level": "warning", "pid": os.getpid()}
+    event.update(ranks())
+    event.update(timestamp=timestamp(time.time()), totals=ledger.totals(), sites=sites)
+    return cast("SummaryEvent", event)
+
+
+def document(config: Config, ledger: Ledger) -> ReportDocument:
+    """The JSON report as a JSON-ready value."""
+    violations: list[ReportViolation] = [
+        {"rule": site.rule, "count": site.count, "first": site.first}
+        for site in ledger.sites()
+        if site.first is not None
+    ]
+    doc: dict[str, object] = {
+        "cgguard": __version__,
+        "python": platform.python_version(),
+        "torch": distribution_version("torch"),
+        "pid": os.getpid(),
+    }
+    doc.update(ranks())
+    doc.update(
+        written_at=timestamp(time.time()),
+        config=config.as_dict(),
+        totals=ledger.totals(),
+        violations=violations,
+    )
+    return cast("ReportDocument", doc)

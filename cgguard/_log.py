@@ -1,0 +1,225 @@
+"""The event log: each event rendered by structlog, as JSON or for the console, then written.
+
+structlog is imported when the first event is rendered, never before, and cgguard builds its own
+logger: the host program's structlog configuration is never read or changed, and the standard
+library's logging is only used when asked for (log target "logging").
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from cgguard._frames import format_frames
+from cgguard._rules import RULES
+from cgguard._warn import warn_once
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, MutableMapping
+
+    from cgguard._frames import FrameInfo
+
+    Processor = Callable[[Any, str, MutableMapping[str, Any]], Any]
+
+
+class _StderrSink:
+    """Writes each rendered event as one line to the current sys.stderr."""
+
+    def msg(self, message: str) -> None:
+        # Looked up per event: test runners and daemons replace sys.stderr after start-up.
+        stream = sys.stderr
+        stream.write(message + "\n")
+        stream.flush()
+
+    error = warning = msg
+
+
+class _FileSink:
+    """Appends each rendered event to a file with a single write(2).
+
+    O_APPEND makes each write land whole at the end, so processes sharing the file never
+    interleave their lines.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd: int | None = None
+
+    def msg(self, message: str) -> None:
+        if self.fd is None:
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(self.fd, (message + "\n").encode("utf-8", "backslashreplace"))
+
+    error = warning = msg
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class _LoggingSink:
+    """Hands each rendered event to the standard library logger "cgguard", at its level.
+
+    The whole event rides along as ``record.cgguard``, for handlers that want the fields.
+    """
+
+    def _log(self, level: int, message: str, event: dict[str, object]) -> None:
+        import logging
+
+        logging.getLogger("cgguard").log(level, "%s", message, extra={"cgguard": event})
+
+    def error(self, message: str, event: dict[str, object]) -> None:
+        self._log(40, message, event)  # logging.ERROR, without importing logging to say so
+
+    def warning(self, message: str, event: dict[str, object]) -> None:
+        self._log(30, message, event)
+
+
+_ORIGINAL = "__cgguard_event__"
+
+
+def _stash_event(_: object, __: str, event_dict: MutableMapping[str, Any]) -> Any:
+    """Keep the event as it came, before console rendering folds its stacks into text."""
+    event_dict[_ORIGINAL] = dict(event_dict)
+    return event_dict
+
+
+def _keep_event(renderer: Processor) -> Processor:
+    """Render, then pass the event itself too: structlog calls the sink with (*args, **kwargs)."""
+
+    def render(logger: object, name: str, event_dict: MutableMapping[str, Any]) -> Any:
+        event = event_dict.pop(_ORIGINAL)
+        return (renderer(logger, name, event_dict),), {"event": event}
+
+    return render
+
+
+def _event_first(_: object, __: str, event_dict: MutableMapping[str, Any]) -> Any:
+    """structlog adds ``event`` last; the schema has it first, where a reader looks."""
+    return {"event": event_dict.pop("event"), **event_dict}
+
+
+def _stacks_as_text(_: object, __: str, event_dict: MutableMapping[str, Any]) -> Any:
+    """Fold the stacks into one traceback-like block; ConsoleRenderer prints it below the line."""
+    if not isinstance(event_dict.get("stack"), list):
+        return event_dict  # a repeat or a summary: no stacks to fold
+    frames: list[FrameInfo] = event_dict.pop("stack")
+    rule = RULES.get(str(event_dict.get("rule")))
+    if rule is None:
+        return event_dict
+    blocks = [f"{rule.attempt_title}\n" + format_frames(frames)]
+    if rule.cause_key in event_dict:
+        cause: list[FrameInfo] | None = event_dict.pop(rule.cause_key)
+        body = format_frames(cause) if cause is not None else "  (by configuration at start)"
+        blocks.append(f"{rule.cause_title}\n{body}")
+    event_dict["stack"] = "\n\n".join(blocks)
+    return event_dict
+
+
+def format_stacks(event: dict[str, object]) -> str:
+    """An event's stacks as the console shows them: one traceback-like block per stack."""
+    text = _stacks_as_text(None, "", dict(event)).get("stack")
+    return text if isinstance(text, str) else ""
+
+
+def console_processors(colors: bool) -> list[Processor]:
+    """The processors that render an event for a person."""
+    import structlog
+
+    return [_stacks_as_text, structlog.dev.ConsoleRenderer(colors=colors)]
+
+
+def json_processors() -> list[Processor]:
+    """The processors that render an event as one JSON line."""
+    import structlog
+
+    return [_event_first, structlog.processors.JSONRenderer()]
+
+
+class EventLog:
+    """Renders events with structlog and writes them to stderr or a file.
+
+    ``processors`` replaces the rendering chain (tests end it with structlog's LogCapture).
+    """
+
+    def __init__(
+        self,
+        log_format: str | None = None,
+        log_file: str | None = None,
+        *,
+        target: str | None = None,
+        processors: list[Processor] | None = None,
+    ) -> None:
+        self.log_format = log_format
+        self.log_file = log_file
+        self.target = target or ("file" if log_file else "stderr")
+        self._processors = processors
+        self._sink: _StderrSink | _FileSink | _LoggingSink | None = None
+        self._logger: Any = None
+
+    def emit(self, event: dict[str, object]) -> None:
+        """Report one event; cgguard's own failures here are a warning, never an exception."""
+        fields = dict(event)
+        name = fields.pop("event")
+        level = str(fields.get("level", "error"))
+        try:
+            getattr(self._bound(), level)(name, **fields)
+        except OSError as exc:
+            if not isinstance(self._sink, _FileSink):
+                warn_once("report", f"could not report a violation: {exc!r}")
+                return
+            warn_once(
+                f"log_file:{self.log_file}",
+                f"cannot write to log file {self.log_file!r} ({exc}); events go to stderr",
+            )
+            self._use(_StderrSink())
+            self.emit(event)
+        except Exception as exc:
+            warn_once("report", f"could not report a violation: {exc!r}")
+
+    def close(self) -> None:
+        """Release the log file, if one was opened."""
+        if isinstance(self._sink, _FileSink):
+            self._sink.close()
+
+    def _bound(self) -> Any:
+        if self._logger is None:
+            if self.target == "logging":
+                self._use(_LoggingSink())
+            elif self.target == "file" and self.log_file:
+                self._use(_FileSink(self.log_file))
+            else:
+                self._use(_StderrSink())
+        return self._logger
+
+    def _use(self, sink: _StderrSink | _FileSink | _LoggingSink) -> None:
+        import structlog
+
+        self._sink = sink
+        processors = self._processors
+        if processors is None:
+            fmt = self.log_format
+            if fmt is None:
+                # A person at a terminal gets the console rendering; pipes, files and logging
+                # handlers get JSON unless told otherwise.
+                interactive = isinstance(sink, _StderrSink) and _isatty(sys.stderr)
+                fmt = "console" if interactive else "json"
+            if fmt == "console":
+                colors = isinstance(sink, _StderrSink) and _isatty(sys.stderr)
+                processors = console_processors(colors)
+            else:
+                processors = json_processors()
+            if isinstance(sink, _LoggingSink):
+                processors = [_stash_event, *processors[:-1], _keep_event(processors[-1])]
+        # Built directly, not through structlog.get_logger(): that would read the host
+        # program's global structlog configuration.
+        self._logger = structlog.BoundLogger(sink, processors, context={})
+
+
+def _isatty(stream: object) -> bool:
+    try:
+        return bool(stream.isatty())  # type: ignore[attr-defined]
+    except Exception:
+        return False

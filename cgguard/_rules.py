@@ -1,0 +1,153 @@
+"""Which rules exist: one record per rule, everything else about rules is derived from here.
+
+Adding a rule is one entry in ``RULES`` plus its check in cgguard._guard. The environment
+variables, Config validation, the runner's ``--rule``, the pytest marker, event keys, console
+titles and the exception raised all come from this table.
+"""
+
+# Read at start-up when a CGGUARD_RULE_* variable is set: standard library only, no ``typing``.
+from cgguard._errors import (
+    CaptureDisabledError,
+    CaptureViolation,
+    ConcurrentCaptureError,
+    NestedCaptureError,
+    SyncDuringCaptureError,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+# vLLM's own words for the same rule, so that searches for its error find this one too.
+DISABLED_SENTENCE = (
+    "CUDA graph capturing detected at an inappropriate time. This operation is currently disabled."
+)
+
+
+class Cause:
+    """What a message may say about a violation's cause: where, which thread, which mode."""
+
+    __slots__ = ("mode", "thread_id", "where")
+
+    def __init__(self, where: str, thread_id: "int | None" = None, mode: str = "") -> None:
+        # "begun at {where} via API" ({where} is filled in once the cause's stack is
+        # rendered), or why capture was disabled.
+        self.where = where
+        self.thread_id = thread_id
+        self.mode = mode
+
+
+class Rule:
+    """One rule: its name, its error, its default action, and how its reports read."""
+
+    __slots__ = (
+        "attempt_title",
+        "cause_key",
+        "cause_title",
+        "diagnostic",
+        "error",
+        "message",
+        "name",
+    )
+
+    def __init__(
+        self,
+        error: "type[CaptureViolation]",
+        *,
+        diagnostic: bool,
+        cause_key: str,
+        cause_title: str,
+        attempt_title: str,
+        message: "Callable[[str, Cause], str]",
+    ) -> None:
+        self.name = error.rule  # named once, on the exception users catch
+        self.error = error
+        # A diagnostic logs whatever the global mode; the others take the mode (raise or log).
+        self.diagnostic = diagnostic
+        # The event key that holds the cause's stack, and its title in the console rendering.
+        self.cause_key = cause_key
+        self.cause_title = cause_title
+        self.attempt_title = attempt_title  # the console title of the offending call's stack
+        # (head, cause) -> the exception's and the event's one-sentence message; ``head`` is
+        # "API at FILE:LINE (in F)".
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"<cgguard rule {self.name}>"
+
+
+def _disabled(head: str, cause: Cause) -> str:
+    return f"{DISABLED_SENTENCE} {head} began a capture; {cause.where}."
+
+
+def _nested(head: str, cause: Cause) -> str:
+    return (
+        f"Nested CUDA graph capture is not supported: {head} began a capture while this "
+        f"thread's capture {cause.where} is still active."
+    )
+
+
+def _concurrent(head: str, cause: Cause) -> str:
+    return (
+        f"Concurrent CUDA graph capture: {head} began a capture while thread {cause.thread_id} "
+        f"has a capture {cause.where}, and one of them uses capture_error_mode 'global', in "
+        f"which one thread's unsafe call invalidates the other's capture."
+    )
+
+
+def _sync(head: str, cause: Cause) -> str:
+    said = f"{head} synchronizes while this thread's capture {cause.where} is active"
+    if cause.mode == "relaxed":
+        return (
+            f"Synchronize during CUDA graph capture: {said}; in capture_error_mode 'relaxed' "
+            f"CUDA lets it through unless it waits on the capturing stream itself, but it does "
+            f"not wait for the captured work, which has not run."
+        )
+    return (
+        f"Synchronize during CUDA graph capture: {said}; CUDA fails it ('operation not "
+        f"permitted when stream is capturing') and invalidates the capture."
+    )
+
+
+_ATTEMPT = "The capture was attempted at (most recent call last):"
+
+RULES: "dict[str, Rule]" = {
+    rule.name: rule
+    for rule in (
+        Rule(
+            CaptureDisabledError,
+            diagnostic=False,
+            cause_key="disabled_stack",
+            cause_title="Capture was disabled at (most recent call last):",
+            attempt_title=_ATTEMPT,
+            message=_disabled,
+        ),
+        Rule(
+            NestedCaptureError,
+            diagnostic=False,
+            cause_key="outer_stack",
+            cause_title="The outer capture began at (most recent call last):",
+            attempt_title=_ATTEMPT,
+            message=_nested,
+        ),
+        Rule(
+            ConcurrentCaptureError,
+            diagnostic=True,
+            cause_key="other_stack",
+            cause_title="The other thread's capture began at (most recent call last):",
+            attempt_title=_ATTEMPT,
+            message=_concurrent,
+        ),
+        Rule(
+            SyncDuringCaptureError,
+            diagnostic=True,
+            cause_key="capture_stack",
+            cause_title="This thread's capture began at (most recent call last):",
+            attempt_title="The synchronize was called at (most recent call last):",
+            message=_sync,
+        ),
+    )
+}
+
+NAMES = tuple(RULES)
+ACTIONS = ("raise", "log", "off")
