@@ -131,7 +131,8 @@ def status() -> Status:
             waiting_to_follow=tuple(_follow.waiting()),
             capture_enabled=guard.is_capture_enabled(),
             captures=tuple(
-                Capture(thread, api, mode) for _, thread, api, mode, _ in list(guard.active.values())
+                Capture(thread, api, mode)
+                for _, thread, api, mode, _ in list(guard.active.values())
             ),
             violations=guard.ledger.totals(),
             config=guard.config,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -431,14 +432,22 @@ def test_outer_stack_of_a_context_entered_by_a_helper(
 
 
 @pytest.mark.simulated
+@pytest.mark.parametrize("followed", [False, True], ids=["no-flag-followed", "flag-followed"])
 def test_capture_begun_while_torch_prepares_another_is_concurrent(
-    events: list[dict[str, Any]],
+    followed: bool, events: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Thread B begins a capture while thread A's torch.cuda.graph is still preparing: reported."""
+    """Thread B begins a capture while thread A's torch.cuda.graph is still preparing: reported,
+    whether or not another framework's capture flag is followed."""
     from cgguard.testing import simulated_cuda
 
     with simulated_cuda():
         install("log")
+        if followed:
+            framework = types.ModuleType("cgg_framework")
+            framework.capture_ok = True  # type: ignore[attr-defined]
+            monkeypatch.setitem(sys.modules, "cgg_framework", framework)
+            cgguard.follow_flag("cgg_framework", "capture_ok")
+            assert cgguard.status().followed == ("cgg_framework.capture_ok",)
         in_window, b_began = threading.Event(), threading.Event()
         empty_cache = torch._C._host_emptyCache
 
@@ -472,6 +481,33 @@ def test_capture_begun_while_torch_prepares_another_is_concurrent(
             b_graph.capture_end()
     assert [(e["rule"], e["api"], e["action"]) for e in events] == [
         ("concurrent_capture", "torch.cuda.graph", "logged")
+    ]
+
+
+def test_capture_end_refused_by_torch_leaves_the_capture_active(
+    runtime: Runtime, events: list[dict[str, Any]]
+) -> None:
+    """A capture_end torch refuses before CUDA ends the capture (another stream) keeps it active:
+    a capture begun on that thread afterwards is still nested."""
+    install()
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        graph.capture_begin()  # @refused-end-outer
+    # On the current stream, not the capture's: torch refuses before cudaStreamEndCapture.
+    with pytest.raises(RuntimeError, match="Capture must end on the same stream it began on"):
+        graph.capture_end()
+    assert [(c.thread_id, c.api) for c in cgguard.status().captures] == [
+        (threading.get_ident(), "CUDAGraph.capture_begin")
+    ]
+    with pytest.raises(cgguard.NestedCaptureError):
+        with torch.cuda.stream(torch.cuda.Stream()):
+            torch.cuda.CUDAGraph().capture_begin()
+    with torch.cuda.stream(stream):
+        graph.capture_end()
+    assert cgguard.status().captures == ()
+    test = "test_capture_end_refused_by_torch_leaves_the_capture_active"
+    assert [(e["rule"], e["outer_stack"][-1]) for e in events] == [
+        ("nested_capture", frame("@refused-end-outer", test))
     ]
 
 
