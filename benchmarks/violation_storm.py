@@ -24,7 +24,7 @@ import tracemalloc
 import torch
 
 import cgguard
-from cgguard import _state
+from cgguard import _guard
 from cgguard.testing import simulated_cuda
 
 TARGET_US = 20.0
@@ -98,9 +98,9 @@ def main() -> int:
                     time_attempts(per_round, enabled=not disabled_first)
                 )
         growth = storm_growth(per_round, args.rounds)
-        assert _state.ledger is not None  # noqa: S101 - installed above
-        sites = len(_state.ledger.sites())
-        violations = sum(_state.ledger.totals().values())
+        assert _guard.current is not None  # noqa: S101 - installed above
+        sites = len(_guard.current.ledger.sites())
+        violations = sum(cgguard.status().violations.values())
     finally:
         cgguard.uninstall()
     enabled_us = statistics.median(enabled) * 1e6

@@ -390,3 +390,23 @@ def test_from_environ_file_target_without_log_file_warn_false_is_silent(
         cgguard.Config.from_environ(environ, warn=False),
         capsys.readouterr(),
     )
+
+
+def test_every_config_field_but_rules_is_a_declared_setting() -> None:
+    """Config's fields and defaults are cgguard._settings' table, plus the per-rule actions."""
+    import dataclasses
+
+    from cgguard._settings import SETTINGS
+
+    fields = {f.name: f.default for f in dataclasses.fields(cgguard.Config) if f.name != "rules"}
+    assert fields == {name: setting.default for name, setting in SETTINGS.items()}
+    assert fields == {
+        "mode": "raise",
+        "log_format": None,
+        "log_file": None,
+        "log_target": None,
+        "report": None,
+        "capture": None,
+        "simulate_cuda": False,
+        "vllm_bridge": True,
+    }

@@ -592,3 +592,83 @@ def test_sync_during_a_relaxed_capture_says_cuda_lets_it_through(
         "through unless it waits on the capturing stream itself, but it does not wait for the "
         "captured work, which has not run."
     )
+
+
+def test_a_report_that_cannot_be_built_still_refuses(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], events: list[object]
+) -> None:
+    """Refusal is decided before reporting: a failure while building the event still raises."""
+    from cgguard import _events
+
+    def broken(*args: object, **kwargs: object) -> object:
+        raise LookupError("report bug")
+
+    monkeypatch.setattr(_events, "violation", broken)
+    cgguard.install(cgguard.Config(log_file=os.devnull))
+    FLAG.set(False, None)
+    for _ in range(2):
+        with pytest.raises(cgguard.CaptureDisabledError) as raised:
+            guard().check_begin(_guard.API_GRAPH, 1, "global", stack_of(plugin_captures))
+    message = (
+        "capture_disabled: torch.cuda.graph refused (cgguard could not build the report: "
+        "LookupError('report bug'))"
+    )
+    assert (str(raised.value), dict(raised.value.event), events) == (
+        message,
+        {"rule": "capture_disabled", "api": "torch.cuda.graph"},
+        [],
+    )
+    assert capsys.readouterr().err == (
+        "cgguard: internal error while reporting a violation: LookupError('report bug')\n"
+    )
+
+
+def test_a_report_that_cannot_be_built_lets_a_logged_violation_through(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In log mode the same failure is a warning and the capture goes on."""
+    from cgguard import _events
+
+    def broken(*args: object, **kwargs: object) -> object:
+        raise LookupError("report bug")
+
+    monkeypatch.setattr(_events, "violation", broken)
+    cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
+    FLAG.set(False, None)
+    assert guard().check_begin(_guard.API_GRAPH, 9, "global", ())[0] == 9
+
+
+@pytest.mark.parametrize(("raw", "kept"), [("²", "²"), ("0x3", "0x3"), ("7", 7)])
+def test_a_rank_that_is_not_a_plain_number_is_kept_as_text(
+    raw: str, kept: object, monkeypatch: pytest.MonkeyPatch, events: list[dict[str, object]]
+) -> None:
+    """RANK="²" (a digit to str.isdigit(), not to int()) is reported as it is; the refusal holds."""
+    monkeypatch.setenv("RANK", raw)
+    cgguard.install(cgguard.Config(log_file=os.devnull))
+    FLAG.set(False, None)
+    with pytest.raises(cgguard.CaptureDisabledError):
+        guard().check_begin(_guard.API_GRAPH, 1, "global", stack_of(plugin_captures))
+    assert [event["rank"] for event in events] == [kept]
+
+
+def test_a_followed_flag_that_cannot_be_read_allows_with_one_warning(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A followed flag whose read raises counts as allowing; one line names it; others still hold."""
+    import types
+
+    class Broken(types.ModuleType):
+        @property
+        def capture_ok(self) -> bool:
+            raise OSError("flag unreadable")
+
+    cgguard.install(cgguard.Config(log_file=os.devnull))
+    guard().follows.append(_guard.FlagSource(Broken("cgg_broken"), "capture_ok"))
+    assert cgguard.is_capture_enabled() is True
+    mine = record(threading.get_ident())
+    guard().active[mine[0]] = mine
+    with pytest.raises(cgguard.NestedCaptureError):
+        guard().check_begin(_guard.API_GRAPH, 2, "global", stack_of(plugin_captures))
+    assert capsys.readouterr().err == (
+        "cgguard: cannot read cgg_broken.capture_ok, not followed: OSError('flag unreadable')\n"
+    )

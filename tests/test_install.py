@@ -16,6 +16,7 @@ import wrapt
 import cgguard
 from cgguard import _patches
 from cgguard._guard import FLAG
+from cgguard._install import Capture
 from cgguard.testing import simulated_cuda
 
 
@@ -301,3 +302,53 @@ def test_reinstall_forgets_a_capture_recorded_while_uninstalling(
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
             pass
         assert cgguard.status().captures == ()
+
+
+def test_status_says_what_cgguard_is_doing() -> None:
+    """status(): not installed, then installed with its patches, captures, violations, config."""
+    assert cgguard.status() == cgguard.Status(
+        installed=False,
+        activated_by=None,
+        patched=(),
+        waiting_for_torch=False,
+        followed=(),
+        waiting_to_follow=(),
+        capture_enabled=True,
+        captures=(),
+        violations={},
+        config=None,
+    )
+    config = cgguard.Config(mode="log", log_file=os.devnull)
+    cgguard.install(config)
+    cgguard.follow_flag("cgg_not_imported_framework", "capture_ok")
+    with simulated_cuda():
+        graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            graph.capture_begin(capture_error_mode="relaxed")
+            torch.cuda.synchronize()  # relaxed: CUDA lets it through; logged
+            with cgguard.capture_disabled():
+                during = cgguard.status()
+            graph.capture_end()
+    assert during == cgguard.Status(
+        installed=True,
+        activated_by=None,
+        patched=(
+            "torch.cuda.graphs.graph.__enter__",
+            "torch.cuda.graphs.CUDAGraph.capture_begin",
+            "torch.cuda.graphs.CUDAGraph.capture_end",
+            "torch.cuda.streams.Stream.synchronize",
+            "torch.cuda.streams.Event.synchronize",
+            "torch._C._cuda_synchronize",  # the simulated runtime's, while it is in place
+        ),
+        waiting_for_torch=False,
+        followed=(),
+        waiting_to_follow=("cgg_not_imported_framework", "vllm.compilation.monitor"),
+        capture_enabled=False,
+        captures=(Capture(threading.get_ident(), "CUDAGraph.capture_begin", "relaxed"),),
+        violations={"sync_during_capture": 1},
+        config=config,
+    )
+    assert (cgguard.status().captures, cgguard.status().patched[-1]) == (
+        (),
+        "torch.cuda.streams.Event.synchronize",
+    )

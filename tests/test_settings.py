@@ -204,3 +204,54 @@ def test_misspelt_rule_variable_is_reported() -> None:
         "CGGUARD_RULE_CAPTURE_DISABLED, CGGUARD_RULE_NESTED_CAPTURE, "
         "CGGUARD_RULE_CONCURRENT_CAPTURE, CGGUARD_RULE_SYNC_DURING_CAPTURE"
     ]
+
+
+def test_the_pth_line_spells_off_as_the_parser_does() -> None:
+    """cgguard.pth skips every import for the values the parser reads as off (and for unset)."""
+    import ast
+    from pathlib import Path
+
+    line = (Path(__file__).resolve().parent.parent / "cgguard.pth").read_text()
+    (compare,) = [n for n in ast.walk(ast.parse(line)) if isinstance(n, ast.Compare)]
+    skipped = ast.literal_eval(compare.comparators[0])
+    assert skipped == ("", *_settings.FALSE)
+
+
+def test_runner_options_are_the_settings() -> None:
+    """Each setting is one runner option: a value, or a switch away from its default."""
+    from cgguard._runner import program_environ, run_parser
+
+    options = run_parser().parse_args(
+        [
+            "--mode=log",
+            "--log-format=json",
+            "--log-file=l",
+            "--log-target=file",
+            "--report=r",
+            "--capture=disabled",
+            "--simulate-cuda",
+            "--no-vllm-bridge",
+        ]
+    )
+    env = program_environ(options, {})
+    assert {k: v for k, v in env.items() if k != "PYTHONPATH"} == {
+        "CGGUARD_ENABLED": "1",
+        "CGGUARD_MODE": "log",
+        "CGGUARD_LOG_FORMAT": "json",
+        "CGGUARD_LOG_FILE": "l",
+        "CGGUARD_LOG_TARGET": "file",
+        "CGGUARD_REPORT": "r",
+        "CGGUARD_CAPTURE": "disabled",
+        "CGGUARD_SIMULATE_CUDA": "1",
+        "CGGUARD_VLLM_BRIDGE": "0",
+    }
+    assert [s.field for s in _settings.SETTINGS.values()] == [
+        "mode",
+        "log_format",
+        "log_file",
+        "log_target",
+        "report",
+        "capture",
+        "simulate_cuda",
+        "vllm_bridge",
+    ]

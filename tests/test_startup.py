@@ -192,3 +192,38 @@ def test_loader_is_left_unhooked(modules: Modules) -> None:
     assert module.__spec__ is not None
     loader = module.__spec__.loader
     assert "exec_module" not in vars(loader)
+
+
+def test_a_hook_named_by_string_is_imported_only_when_it_fires(modules: Modules) -> None:
+    """A hook given as "module:function" imports its module when the watched module is imported."""
+    hooks = modules.write(
+        "CALLS = []\n\ndef on_import(module):\n    CALLS.append((module.__name__, module.LAST))\n"
+    )
+    watched = modules.write(BODY)
+    _startup.when_imported(watched, f"{hooks}:on_import")
+    assert (hooks in sys.modules, _startup.pending(watched)) == (False, [f"{hooks}:on_import"])
+    importlib.import_module(watched)
+    assert [(watched, "body ran to the end")] == sys.modules[hooks].CALLS
+    assert _startup.pending(watched) == []
+
+
+def test_startup_imports_nothing_of_cgguard_above_it() -> None:
+    """cgguard._startup's own imports are the standard library's: start-up never imports upward."""
+    import ast
+    from pathlib import Path
+
+    assert _startup.__file__ is not None
+    tree = ast.parse(Path(_startup.__file__).read_text(encoding="utf-8"))
+    top_level = [
+        alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names
+    ] + [node.module for node in tree.body if isinstance(node, ast.ImportFrom)]
+    inside = [
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("cgguard")
+    ]
+    # Inside functions, only the two modules below it: the settings parser and the warning line.
+    assert (top_level, sorted(set(inside))) == (
+        ["_thread", "os", "sys"],
+        ["cgguard", "cgguard._warn"],
+    )
