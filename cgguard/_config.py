@@ -116,7 +116,7 @@ class Config:
         if warn:
             for line in problems:
                 warn_once(line, line)
-        return cls(**values)  # type: ignore[arg-type]  # _environ.read checked every value
+        return cls(**values)  # type: ignore[arg-type]  # _settings.read checked every value
 
 
 def _accepts(choices: tuple[str, ...], default: object, value: object) -> bool:

@@ -321,7 +321,7 @@ class Guard:
         acting = [(rule, cause, action) for rule, cause, action in acting if action != "off"]
         refusing = [rule for rule, _, action in acting if refuse and action == "raise"]
         try:
-            return self._report(acting, api, stack, refuse=refuse)
+            return self._report_each(acting, api, stack, refuse=refuse)
         except Exception as exc:
             warn_once("guard:report", f"internal error while reporting a violation: {exc!r}")
             if not refusing:
@@ -331,7 +331,7 @@ class Guard:
             message = f"{rule.name}: {api} refused (cgguard could not build the report: {exc!r})"
             return rule.error(message, {"rule": rule.name, "api": api})
 
-    def _report(
+    def _report_each(
         self,
         acting: list[tuple[str, Record | None, Action]],
         api: str,
