@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from cgguard._errors import CaptureViolation
     from cgguard._events import ViolationEvent
     from cgguard._frames import LiveStack, Snapshot
+    from cgguard._log import EventLog
+    from cgguard._report import ReportFile
 
 API_GRAPH = "torch.cuda.graph"
 API_CAPTURE_BEGIN = "CUDAGraph.capture_begin"
@@ -109,16 +111,14 @@ class Guard:
         *,
         flag: CaptureFlag = FLAG,
         listeners: list[Callable[[ViolationEvent], None]] = LISTENERS,
-        log: Any = None,
-        report: Any = None,
+        log: EventLog | None = None,
+        report: ReportFile | None = None,
     ) -> None:
         self.config = config
         self.flag = flag
         self.listeners = listeners
-        self.log = log  # has emit(event): cgguard._log.EventLog, or None to say nothing
-        # has write(ledger), called when a violation is first seen at a site, and forget_lock():
-        # cgguard._report.ReportFile, or None
-        self.report = report
+        self.log = log  # None: say nothing
+        self.report = report  # written whenever a violation is first seen at a site
         self.ledger = Ledger()
         # What cgguard._patches put on torch: its entry points, and torch._C._cuda_synchronize,
         # which comes and goes with the simulated runtime on CPU builds.

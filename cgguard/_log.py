@@ -16,7 +16,7 @@ from cgguard._rules import RULES
 from cgguard._warn import warn_once
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, MutableMapping
+    from collections.abc import Callable, Mapping, MutableMapping
 
     from cgguard._frames import FrameInfo
 
@@ -159,7 +159,7 @@ class EventLog:
         self._sink: _StderrSink | _FileSink | _LoggingSink | None = None
         self._logger: Any = None
 
-    def emit(self, event: dict[str, object]) -> None:
+    def emit(self, event: Mapping[str, object]) -> None:
         """Report one event; cgguard's own failures here are a warning, never an exception."""
         fields = dict(event)
         name = fields.pop("event")

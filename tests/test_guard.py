@@ -654,7 +654,7 @@ def test_a_rank_that_is_not_a_plain_number_is_kept_as_text(
 def test_a_followed_flag_that_cannot_be_read_allows_with_one_warning(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """A followed flag whose read raises counts as allowing; one line names it; others still hold."""
+    """A followed flag whose read raises counts as allowing, with one line naming it."""
     import types
 
     class Broken(types.ModuleType):
