@@ -672,3 +672,22 @@ def test_a_followed_flag_that_cannot_be_read_allows_with_one_warning(
     assert capsys.readouterr().err == (
         "cgguard: cannot read cgg_broken.capture_ok, not followed: OSError('flag unreadable')\n"
     )
+
+
+def test_a_guard_built_alone_shares_nothing_with_the_process() -> None:
+    """A Guard with its own flag and listeners decides and reports without any installation."""
+    seen: list[object] = []
+    flag = _guard.CaptureFlag()
+    alone = Guard(cgguard.Config(mode="log"), flag=flag, listeners=[seen.append])
+    flag.set(False, stack_of(runner_disables))
+    record = alone.check_begin(_guard.API_GRAPH, 1, "global", stack_of(plugin_captures))
+    assert (record[0], [e["rule"] for e in seen], alone.ledger.totals()) == (  # type: ignore[index]
+        1,
+        ["capture_disabled"],
+        {"capture_disabled": 1},
+    )
+    assert (cgguard.is_installed(), cgguard.is_capture_enabled(), FLAG.enabled) == (
+        False,
+        True,
+        True,
+    )
