@@ -12,6 +12,7 @@ import venv
 from pathlib import Path
 
 import pytest
+from helpers import clean_environ
 
 from cgguard._cli import BOOT_DIR
 
@@ -21,14 +22,6 @@ PATCHED = (
     "import torch, cgguard._state as s, cgguard._bootstrap as b; "
     "print(len(s.patches), b.activated_by)"
 )
-
-
-def clean_environ(**extra: str) -> dict[str, str]:
-    """This process's environment without any CGGUARD_* variable or PYTHONPATH, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CGGUARD_")}
-    env.pop("PYTHONPATH", None)
-    env.update(extra)
-    return env
 
 
 def run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:

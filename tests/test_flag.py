@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import SourceFile
 
 import cgguard
 from cgguard import _state
 from cgguard._frames import render
 
-SOURCE = Path(__file__).read_text().splitlines()
-
-
-def line_of(marker: str) -> int:
-    (line,) = [n for n, text in enumerate(SOURCE, 1) if text.endswith(f"# {marker}")]
-    return line
+line_of = SourceFile(__file__).line_of
 
 
 def changed_at() -> tuple[str, int] | None:
