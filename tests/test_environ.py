@@ -187,6 +187,7 @@ def _modules_after(code: str) -> set[str]:
     return set(result.stdout.split())
 
 
+@pytest.mark.subprocess
 def test_import_adds_no_heavy_modules() -> None:
     """Importing cgguard._environ loads only cgguard and cgguard._environ: no typing, no json."""
     bare = _modules_after("pass")

@@ -100,6 +100,7 @@ def test_one_object_entered_twice_nests() -> None:
     assert cgguard.is_capture_enabled() is True
 
 
+@pytest.mark.subprocess
 def test_flag_needs_no_torch() -> None:
     """The flag works without torch: importing cgguard's flag module does not import it."""
     import subprocess

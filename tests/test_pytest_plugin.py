@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 pytest_plugins = ["pytester"]
+pytestmark = pytest.mark.subprocess
 
 # A capture refused by cgguard, and the refusal swallowed: the code under test never fails.
 SWALLOWED = """

@@ -450,6 +450,7 @@ violate()  # summary-b
 )
 
 
+@pytest.mark.subprocess
 def test_exit_summary_and_final_report(tmp_path: Path) -> None:
     """At normal exit: the summary is the log's last line, the report holds the final counts."""
     program, source = write_program(tmp_path, "violating_program.py", SUMMARY_PROGRAM)
@@ -501,6 +502,7 @@ cgguard.install(cgguard.Config(mode="log", log_file=sys.argv[1], report=sys.argv
 )
 
 
+@pytest.mark.subprocess
 def test_no_summary_without_a_violation(tmp_path: Path) -> None:
     """A run without a violation logs nothing at exit; its report says so."""
     program, _ = write_program(tmp_path, "quiet_program.py", QUIET_PROGRAM)
@@ -651,6 +653,7 @@ os.kill(os.getpid(), signal.SIGTERM)
 )
 
 
+@pytest.mark.subprocess
 def test_a_worker_killed_by_sigterm_leaves_its_report(tmp_path: Path) -> None:
     """No exit handler runs on SIGTERM, yet the report written at the violation is there."""
     program, source = write_program(tmp_path, "killed_program.py", KILLED_PROGRAM)
@@ -698,6 +701,7 @@ if __name__ == "__main__":
 )
 
 
+@pytest.mark.subprocess
 def test_a_forked_worker_reports_only_its_own_violations(tmp_path: Path) -> None:
     """A worker forked after the parent's violation reports its own violation, not the parent's."""
     program, source = write_program(tmp_path, "forking_program.py", FORK_PROGRAM)
@@ -756,6 +760,7 @@ WORKER_LINES = (
 )
 
 
+@pytest.mark.subprocess
 def test_spawned_workers_share_one_log_file_and_each_write_a_report(tmp_path: Path) -> None:
     """4 spawn workers, one log file: whole JSON lines only, 15 per worker, one report each."""
     program, source = write_program(tmp_path, "workers_program.py", WORKERS_PROGRAM)
@@ -815,6 +820,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.simulated
 def test_the_runner_reports_every_spawned_worker(tmp_path: Path) -> None:
     """cgguard run --mode log --report --log-file: each spawn worker logs and reports its own."""
@@ -899,6 +905,7 @@ violate()  # logging-program
 )
 
 
+@pytest.mark.subprocess
 def test_logging_target_from_the_environment_carries_the_summary(tmp_path: Path) -> None:
     """CGGUARD_LOG_TARGET=logging: the violation and the exit summary go to logging at WARNING."""
     program, source = write_program(tmp_path, "logging_program.py", LOGGING_PROGRAM)

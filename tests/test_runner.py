@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from pathlib import Path
 
+pytestmark = pytest.mark.subprocess
+
 # (returncode, stdout, stderr) of a finished process.
 Result = tuple[int, bytes, bytes]
 
