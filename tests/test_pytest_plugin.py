@@ -59,8 +59,14 @@ def _no_cgguard_variables(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    """pytest in a subprocess, with the repository's strictness, on the files made here."""
-    return pytester.runpytest_subprocess("--strict-markers", "--strict-config", "-rA", *args)
+    """pytest in a subprocess, with the repository's strictness, on the files made here.
+
+    Without hypothesis's plugin, which takes most of a second to load and has no part in these
+    scenarios; the shared sessions below keep every installed plugin, as a user's session would.
+    """
+    return pytester.runpytest_subprocess(
+        "-p", "no:hypothesispytest", "--strict-markers", "--strict-config", "-rA", *args
+    )
 
 
 # A test's section of the report opens with "____ test_x ____" (or "ERROR at setup of test_x");
