@@ -19,6 +19,21 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads these options
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """In parallel unless told otherwise: ``-n auto`` where no ``-n`` was given.
+
+    Set here rather than in addopts so that ``-p no:xdist`` still runs the suite (in this
+    process, as ``-n 0`` does). Each xdist_group runs on one worker.
+    """
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return
+    if config.option.numprocesses is None:
+        config.option.numprocesses = "auto"
+    if config.option.dist == "no":
+        config.option.dist = "loadgroup"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch
 

@@ -12,20 +12,13 @@ import venv
 from pathlib import Path
 
 import pytest
+from helpers import clean_environ
 
 from cgguard._runner import BOOT_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = str(REPO / "sitecustomize_example")
 PATCHED = "import torch, cgguard; s = cgguard.status(); print(len(s.patched), s.activated_by)"
-
-
-def clean_environ(**extra: str) -> dict[str, str]:
-    """This process's environment without any CGGUARD_* variable or PYTHONPATH, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CGGUARD_")}
-    env.pop("PYTHONPATH", None)
-    env.update(extra)
-    return env
 
 
 def run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -43,12 +36,14 @@ def cgguard_run(*args: str) -> subprocess.CompletedProcess[str]:
     return run([sys.executable, "-m", "cgguard", "run", *args], clean_environ())
 
 
+@pytest.mark.subprocess
 def test_enabled_variable_activates_through_the_pth() -> None:
     """CGGUARD_ENABLED=1 alone patches torch when the program imports it, silently."""
     done = python(PATCHED, clean_environ(CGGUARD_ENABLED="1"))
     assert (done.returncode, done.stdout, done.stderr) == (0, "5 pth\n", "")
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("value", ["", "0", "off", "no"])
 def test_pth_line_is_inert_unless_enabled(value: str) -> None:
     """Unset, empty or false, the .pth line imports nothing of cgguard, even with torch."""
@@ -57,6 +52,7 @@ def test_pth_line_is_inert_unless_enabled(value: str) -> None:
     assert (done.returncode, done.stdout, done.stderr) == (0, "False\n", "")
 
 
+@pytest.mark.subprocess
 def test_idle_activation_loads_only_the_standard_library() -> None:
     """Activated, with torch never imported: no wrapt, structlog or torch, no typing."""
     code = "import sys, json; print(json.dumps(sorted(sys.modules)))"
@@ -67,6 +63,7 @@ def test_idle_activation_loads_only_the_standard_library() -> None:
     assert done.stderr == ""
 
 
+@pytest.mark.subprocess
 def test_bad_values_warn_at_start_and_the_program_runs() -> None:
     """A bad CGGUARD_* value is one stderr line at start, torch or not; defaults are used."""
     env = clean_environ(CGGUARD_ENABLED="1", CGGUARD_MODE="rase", CGGUARD_CAPTURE="sometimes")
@@ -78,6 +75,7 @@ def test_bad_values_warn_at_start_and_the_program_runs() -> None:
     )
 
 
+@pytest.mark.subprocess
 def test_bad_enabled_value_warns_and_stays_off() -> None:
     """CGGUARD_ENABLED with an unknown spelling warns once and does not activate."""
     done = python(PATCHED, clean_environ(CGGUARD_ENABLED="maybe", PYTHONPATH=EXAMPLE))
@@ -89,6 +87,7 @@ def test_bad_enabled_value_warns_and_stays_off() -> None:
     )
 
 
+@pytest.mark.subprocess
 def test_patch_failure_leaves_torch_importable() -> None:
     """If patching fails inside ``import torch``, torch imports, one line says so, all runs."""
     code = """
@@ -106,18 +105,21 @@ def test_patch_failure_leaves_torch_importable() -> None:
     )
 
 
+@pytest.mark.subprocess
 def test_sitecustomize_folder_activates_by_itself() -> None:
     """sitecustomize_example on PYTHONPATH is the opt-in: no variable needed."""
     done = python(PATCHED, clean_environ(PYTHONPATH=EXAMPLE))
     assert (done.returncode, done.stdout, done.stderr) == (0, "5 sitecustomize\n", "")
 
 
+@pytest.mark.subprocess
 def test_sitecustomize_folder_respects_enabled_zero() -> None:
     """CGGUARD_ENABLED=0 turns the sitecustomize folder off."""
     done = python(PATCHED, clean_environ(PYTHONPATH=EXAMPLE, CGGUARD_ENABLED="0"))
     assert (done.returncode, done.stdout, done.stderr) == (0, "0 None\n", "")
 
 
+@pytest.mark.subprocess
 def test_users_own_sitecustomize_still_runs(tmp_path: Path) -> None:
     """The bootstrap sitecustomize runs the user's, found next on sys.path, once."""
     own = tmp_path / "own"
@@ -135,6 +137,7 @@ def test_example_is_the_runners_bootstrap() -> None:
     assert Path(EXAMPLE, "sitecustomize.py").read_text() == ours
 
 
+@pytest.mark.subprocess
 def test_three_activations_patch_once() -> None:
     """The .pth, the sitecustomize folder and an explicit install() leave one wrapper each."""
     code = """
@@ -167,6 +170,7 @@ CHILDREN = """
     """
 
 
+@pytest.mark.subprocess
 def test_children_inherit_activation(tmp_path: Path) -> None:
     """Under the runner, subprocess, spawn and forkserver children are patched too."""
     script = tmp_path / "children.py"
@@ -176,6 +180,7 @@ def test_children_inherit_activation(tmp_path: Path) -> None:
     assert done.stdout == "subprocess 5\nspawn 5\nforkserver 5\n"
 
 
+@pytest.mark.subprocess
 def test_other_python_without_cgguard_starts_silently(tmp_path: Path) -> None:
     """A Python without cgguard, given the runner's environment, starts normally and quietly."""
     venv.create(tmp_path / "other", with_pip=False)
@@ -188,6 +193,7 @@ def test_other_python_without_cgguard_starts_silently(tmp_path: Path) -> None:
     assert (done.returncode, done.stdout, done.stderr) == (0, "own sitecustomize\nFalse\n", "")
 
 
+@pytest.mark.subprocess
 @pytest.mark.simulated
 def test_runner_configuration_reaches_the_program(tmp_path: Path) -> None:
     """--simulate-cuda --capture disabled: a capture is refused, reported as JSON to the file."""
@@ -225,6 +231,7 @@ def test_runner_configuration_reaches_the_program(tmp_path: Path) -> None:
     assert event["stack"] == [frame]
 
 
+@pytest.mark.subprocess
 def test_explicit_install_before_torch_keeps_its_configuration() -> None:
     """Under CGGUARD_ENABLED=1, a program's own install(Config) survives ``import torch``."""
     code = """

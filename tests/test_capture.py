@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
+from helpers import DISABLED_SENTENCE, SourceFile
 from torch.cuda import graph as graph_taken_early
 
 import cgguard
@@ -24,26 +25,12 @@ if TYPE_CHECKING:
 
     from tests.conftest import Runtime
 
-DISABLED_SENTENCE = (
-    "CUDA graph capturing detected at an inappropriate time. This operation is currently disabled."
-)
-SOURCE = Path(__file__).read_text().splitlines()
+THIS_FILE = SourceFile(__file__)
+line_of, frame = THIS_FILE.line_of, THIS_FILE.frame
 
 
 class PluginGraph(torch.cuda.graph):
     """A library's own subclass of torch.cuda.graph, defined before cgguard is installed."""
-
-
-def line_of(marker: str) -> int:
-    """The line of this file that ends with the comment ``# marker``."""
-    (line,) = [n for n, text in enumerate(SOURCE, 1) if text.endswith(f"# {marker}")]
-    return line
-
-
-def frame(marker: str, function: str) -> dict[str, object]:
-    """The rendered frame cgguard must report for the line marked ``marker``."""
-    line = line_of(marker)
-    return {"file": __file__, "line": line, "function": function, "code": SOURCE[line - 1].strip()}
 
 
 def install(mode: str = "raise") -> None:

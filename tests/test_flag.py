@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import SourceFile
 
 import cgguard
 from cgguard._frames import render
 from cgguard._guard import FLAG
 
-SOURCE = Path(__file__).read_text().splitlines()
-
-
-def line_of(marker: str) -> int:
-    (line,) = [n for n, text in enumerate(SOURCE, 1) if text.endswith(f"# {marker}")]
-    return line
+line_of = SourceFile(__file__).line_of
 
 
 def changed_at() -> tuple[str, int] | None:
@@ -105,6 +100,7 @@ def test_one_object_entered_twice_nests() -> None:
     assert cgguard.is_capture_enabled() is True
 
 
+@pytest.mark.subprocess
 def test_flag_needs_no_torch() -> None:
     """The flag works without torch: importing cgguard's flag module does not import it."""
     import subprocess

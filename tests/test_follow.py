@@ -7,16 +7,17 @@ written into a temporary folder; cgguard has no dependency on vLLM.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 import torch
+from helpers import SourceFile
 
 import cgguard
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from pathlib import Path
     from types import ModuleType
 
 pytestmark = pytest.mark.simulated
@@ -75,11 +76,6 @@ def capture() -> None:
         pass
 
 
-def line_of(path: Path, marker: str) -> int:
-    (line,) = [n for n, t in enumerate(path.read_text().splitlines(), 1) if t.endswith(marker)]
-    return line
-
-
 def test_setter_disables_every_capture_and_says_where(standin: Path, cuda: None) -> None:
     """vLLM's setter, called through its module, refuses every capture and names its caller."""
     cgguard.install()
@@ -88,10 +84,10 @@ def test_setter_disables_every_capture_and_says_where(standin: Path, cuda: None)
     assert cgguard.is_capture_enabled() is False
     with pytest.raises(cgguard.CaptureDisabledError) as raised:
         capture()
-    here = Path(__file__)
-    assert raised.value.event["disabled_stack"][-1]["line"] == line_of(here, "# @test-disables")
+    here = SourceFile(__file__)
+    assert raised.value.event["disabled_stack"][-1]["line"] == here.line_of("@test-disables")
     assert (
-        f"capture was disabled at {here}:{line_of(here, '# @test-disables')} "
+        f"capture was disabled at {here.path}:{here.line_of('@test-disables')} "
         "(in test_setter_disables_every_capture_and_says_where)" in str(raised.value)
     )
     mon.set_cudagraph_capturing_enabled(True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import re
 import threading
-from pathlib import Path
 
 import pytest
+from helpers import DISABLED_SENTENCE, SourceFile
 
 import cgguard
 from cgguard import _guard
@@ -19,7 +19,7 @@ CAPTURE_DISABLED, NESTED_CAPTURE, CONCURRENT_CAPTURE = (
     "concurrent_capture",
 )
 
-SOURCE = Path(__file__).read_text().splitlines()
+frame = SourceFile(__file__).frame
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
 
 
@@ -64,11 +64,6 @@ def from_this_file(frames: object) -> list[object]:
 def stack_of(function: object) -> tuple[object, ...]:
     """A snapshot holding just ``function``'s first line (lasti -1 means "not started")."""
     return (function.__code__, -1)  # type: ignore[attr-defined]
-
-
-def frame(marker: str, function: str) -> dict[str, object]:
-    (line,) = [n for n, text in enumerate(SOURCE, 1) if text.endswith(f"# {marker}")]
-    return {"file": __file__, "line": line, "function": function, "code": SOURCE[line - 1].strip()}
 
 
 @pytest.fixture(autouse=True)
@@ -197,9 +192,8 @@ def test_disabled_event_is_the_documented_schema(events: list[dict[str, object]]
     where_plugin = f"{__file__}:{frame('@plugin', 'plugin_captures')['line']} (in plugin_captures)"
     where_runner = f"{__file__}:{frame('@runner', 'runner_disables')['line']} (in runner_disables)"
     message = (
-        "CUDA graph capturing detected at an inappropriate time. This operation is currently "
-        f"disabled. torch.cuda.graph at {where_plugin} began a capture; capture was disabled at "
-        f"{where_runner}."
+        f"{DISABLED_SENTENCE} torch.cuda.graph at {where_plugin} began a capture; capture was "
+        f"disabled at {where_runner}."
     )
     expected = {
         "event": "cgguard.capture_violation",

@@ -187,6 +187,7 @@ def test_patch_failure_warns_and_leaves_torch_alone(
     )
 
 
+@pytest.mark.subprocess
 @pytest.mark.simulated
 def test_install_before_torch_patches_on_import() -> None:
     """install() before ``import torch`` does not import torch, and patches it once imported."""
@@ -210,6 +211,7 @@ def test_install_before_torch_patches_on_import() -> None:
     )
 
 
+@pytest.mark.subprocess
 def test_uninstall_before_torch_cancels_the_patch() -> None:
     """install() then uninstall() before ``import torch`` leaves torch unpatched."""
     out = run_python(
@@ -224,6 +226,7 @@ def test_uninstall_before_torch_cancels_the_patch() -> None:
     assert out == "function\n"
 
 
+@pytest.mark.subprocess
 def test_import_cgguard_loads_nothing_heavy() -> None:
     """``import cgguard`` loads neither torch, wrapt nor structlog."""
     out = run_python(
@@ -235,6 +238,7 @@ def test_import_cgguard_loads_nothing_heavy() -> None:
     assert out == "[]\n"
 
 
+@pytest.mark.subprocess
 def test_install_while_another_thread_imports_torch() -> None:
     """install() during another thread's ``import torch`` waits for it, then patches; no error."""
     out = run_python(
@@ -254,6 +258,7 @@ def test_install_while_another_thread_imports_torch() -> None:
     assert out == "5\n"
 
 
+@pytest.mark.subprocess
 def test_installing_twice_before_torch_leaves_no_hook_after_uninstall() -> None:
     """Two installs before ``import torch`` register one hook, which uninstall() removes."""
     out = run_python(

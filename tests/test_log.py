@@ -418,6 +418,7 @@ def test_host_structlog_configuration_is_neither_read_nor_changed(
     assert before == after
 
 
+@pytest.mark.subprocess
 def test_structlog_is_imported_at_the_first_emit() -> None:
     """Importing cgguard._log does not import structlog; the first emit does."""
     script = (

@@ -1,23 +1,32 @@
 """The pytest plugin: ``pytest --cgguard`` fails a test during which a capture violation occurs.
 
-Each session here is a real pytest subprocess (pytester): the plugin installs cgguard, patches
-torch and keeps global state, none of which may leak into this session.
+Each session here is a real pytest subprocess: the plugin installs cgguard, patches torch and
+keeps global state, none of which may leak into this session. Scenarios that run under the same
+options, ini file and conftest share one session, which imports torch once for all of them:
+their test files are collected and run together, and each test here still judges its own
+scenario alone, by that test's outcome and its own section of the report. A scenario that needs
+a session of its own (an ini file, a conftest, the environment) gets one from pytester.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import textwrap
 from typing import TYPE_CHECKING
+from xml.etree import ElementTree
 
 import pytest
+from helpers import DISABLED_SENTENCE
 
 if TYPE_CHECKING:
     from pathlib import Path
 
 pytest_plugins = ["pytester"]
+pytestmark = pytest.mark.subprocess
 
 # A capture refused by cgguard, and the refusal swallowed: the code under test never fails.
 SWALLOWED = """
@@ -50,8 +59,101 @@ def _no_cgguard_variables(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    """pytest in a subprocess, with the repository's strictness, on the files made here."""
-    return pytester.runpytest_subprocess("--strict-markers", "--strict-config", "-rA", *args)
+    """pytest in a subprocess, with the repository's strictness, on the files made here.
+
+    Without hypothesis's plugin, which takes most of a second to load and has no part in these
+    scenarios; the shared sessions below keep every installed plugin, as a user's session would.
+    """
+    return pytester.runpytest_subprocess(
+        "-p", "no:hypothesispytest", "--strict-markers", "--strict-config", "-rA", *args
+    )
+
+
+# A test's section of the report opens with "____ test_x ____" (or "ERROR at setup of test_x");
+# its title starts with neither "_" nor a space, as "_ _ _ _" separates traceback entries. The
+# next part of the report ("==== PASSES ====", "==== short test summary info ====") closes it.
+SECTION = re.compile(r"_+ ([^_ ].*?) _+")
+PART = re.compile(r"=+ .* =+")
+OUTCOMES = {"failure": "failed", "error": "error", "skipped": "skipped"}
+
+
+class Session:
+    """A finished pytest subprocess: its output, and each of its tests' outcome and report."""
+
+    def __init__(self, stdout: str, junit: Path) -> None:
+        self.stdout = pytest.LineMatcher(stdout.splitlines())
+        self._outcomes: dict[str, str] = {}
+        # The session's own per-test record; a file it wrote moments ago, not untrusted input.
+        for case in ElementTree.parse(junit).iter("testcase"):  # noqa: S314
+            nodeid = f"{case.get('classname')}.py::{case.get('name')}"
+            kinds = [OUTCOMES[child.tag] for child in case if child.tag in OUTCOMES]
+            self._outcomes[nodeid] = "+".join(kinds) or "passed"
+        self._sections: dict[str, list[str]] = {}
+        current: list[str] | None = None
+        for line in self.stdout.lines:
+            header = SECTION.fullmatch(line)
+            if header:
+                current = self._sections.setdefault(header.group(1), [])
+            elif PART.fullmatch(line):
+                current = None
+            if current is not None:
+                current.append(line)
+
+    def outcomes(self, file: str) -> dict[str, str]:
+        """Each test of ``file`` by node id, with its outcome: passed, failed, error, skipped."""
+        return {k: v for k, v in self._outcomes.items() if k.startswith(f"{file}::")}
+
+    def section(self, title: str) -> pytest.LineMatcher:
+        """The lines pytest printed under the header ``title``, the header line first."""
+        return pytest.LineMatcher(self._sections.get(title, []))
+
+
+def run_session(folder: Path, files: dict[str, str], *args: str) -> Session:
+    """pytest in a subprocess on ``files`` (name: source), set up as pytester sets up its own."""
+    for name, source in files.items():
+        (folder / f"{name}.py").write_text(textwrap.dedent(source).strip() + "\n")
+    junit = folder.parent / f"{folder.name}.xml"
+    # As in pytester's sessions: no option, ini file or home folder of the caller's; no colours.
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith("CGGUARD_") and name not in ("PYTEST_ADDOPTS", "TOX_ENV_DIR")
+    }
+    env |= {"HOME": str(folder), "USERPROFILE": str(folder), "PY_COLORS": "0"}
+    argv = [sys.executable, "-mpytest", f"--basetemp={folder / 'runpytest-0'}"]
+    argv += ["--strict-markers", "--strict-config", "-rA", f"--junitxml={junit}", *args]
+    done = subprocess.run(
+        argv,
+        cwd=folder,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if not junit.exists():
+        pytest.fail(f"the session ended without its report:\n{done.stdout}\n{done.stderr}")
+    return Session(done.stdout, junit)
+
+
+# The scenarios of one ``pytest --cgguard`` session, by test file name; each test below adds its
+# own. Its tests are one xdist group, so that one worker runs the session once for them all.
+GUARDED: dict[str, str] = {}
+# The scenarios of one session without --cgguard that imports no dependency at collection.
+IDLE: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Session:
+    """One ``pytest --cgguard`` session over every scenario in GUARDED."""
+    return run_session(tmp_path_factory.mktemp("guarded"), GUARDED, "--cgguard")
+
+
+@pytest.fixture(scope="module")
+def idle(tmp_path_factory: pytest.TempPathFactory) -> Session:
+    """One plain ``pytest`` session over every scenario in IDLE."""
+    return run_session(tmp_path_factory.mktemp("idle"), IDLE)
 
 
 def test_importing_the_plugin_loads_neither_torch_nor_wrapt_nor_structlog() -> None:
@@ -69,20 +171,21 @@ def test_importing_the_plugin_loads_neither_torch_nor_wrapt_nor_structlog() -> N
     assert expected == (done.returncode, done.stdout, done.stderr)
 
 
-def test_swallowed_violation_fails_the_test_with_its_report(pytester: pytest.Pytester) -> None:
+GUARDED["test_swallowed"] = SWALLOWED
+
+
+@pytest.mark.xdist_group("pytest_plugin-guarded")
+def test_swallowed_violation_fails_the_test_with_its_report(guarded: Session) -> None:
     """A refusal the test catches still fails it; the report shows the rule and both stacks."""
-    pytester.makepyfile(test_swallowed=SWALLOWED)
-    result = run(pytester, "--cgguard")
-    result.assert_outcomes(failed=1)
+    assert guarded.outcomes("test_swallowed.py") == {"test_swallowed.py::test_swallowed": "failed"}
     # Consecutive: pytest's and pluggy's frames are cut, so the test's line comes first.
-    result.stdout.fnmatch_lines(
+    guarded.section("test_swallowed").fnmatch_lines(
         [
             "*_ test_swallowed _*",
             "cgguard: capture_disabled violation during the test",
             "",
-            "capture_disabled (raised): CUDA graph capturing detected at an inappropriate time. "
-            "This operation is currently disabled. torch.cuda.graph at *test_swallowed.py:11 "
-            "(in test_swallowed) began a capture; capture was disabled at "
+            f"capture_disabled (raised): {DISABLED_SENTENCE} torch.cuda.graph at "
+            "*test_swallowed.py:11 (in test_swallowed) began a capture; capture was disabled at "
             "*test_swallowed.py:9 (in test_swallowed).",
             "The capture was attempted at (most recent call last):",
             '  File "*test_swallowed.py", line 11, in test_swallowed',
@@ -97,64 +200,65 @@ def test_swallowed_violation_fails_the_test_with_its_report(pytester: pytest.Pyt
         ],
         consecutive=True,
     )
-    result.stdout.fnmatch_lines(
+    guarded.stdout.fnmatch_lines(
         ["FAILED test_swallowed.py::test_swallowed - cgguard: capture_disabled*"]
     )
 
 
-def test_uncaught_violation_keeps_its_traceback_and_adds_the_report(
-    pytester: pytest.Pytester,
-) -> None:
+GUARDED["test_uncaught"] = """
+    import cgguard
+    import torch
+    from cgguard.testing import simulated_cuda
+
+
+    def test_uncaught():
+        with simulated_cuda():
+            graph = torch.cuda.CUDAGraph()
+            with cgguard.capture_disabled():
+                with torch.cuda.graph(graph):
+                    pass
+"""
+
+
+@pytest.mark.xdist_group("pytest_plugin-guarded")
+def test_uncaught_violation_keeps_its_traceback_and_adds_the_report(guarded: Session) -> None:
     """A test already failing with the refusal keeps that failure; the report is a section of it."""
-    pytester.makepyfile(
-        test_uncaught="""
-        import cgguard
-        import torch
-        from cgguard.testing import simulated_cuda
-
-
-        def test_uncaught():
-            with simulated_cuda():
-                graph = torch.cuda.CUDAGraph()
-                with cgguard.capture_disabled():
-                    with torch.cuda.graph(graph):
-                        pass
-        """
-    )
-    result = run(pytester, "--cgguard")
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(
+    assert guarded.outcomes("test_uncaught.py") == {"test_uncaught.py::test_uncaught": "failed"}
+    guarded.section("test_uncaught").fnmatch_lines(
         [
             "E * cgguard._errors.CaptureDisabledError: CUDA graph capturing detected*",
             "*- cgguard -*",
             "cgguard: capture_disabled violation during the test",
-            "FAILED test_uncaught.py::test_uncaught - cgguard._errors.CaptureDisabledError*",
         ]
     )
-
-
-def test_repeated_violation_is_reported_once_with_its_count(pytester: pytest.Pytester) -> None:
-    """The same refusal three times in a loop is one block saying how many times it happened."""
-    pytester.makepyfile(
-        test_repeated="""
-        import cgguard
-        import torch
-        from cgguard.testing import simulated_cuda
-
-
-        def test_repeated():
-            with simulated_cuda(), cgguard.capture_disabled():
-                for _ in range(3):
-                    try:
-                        with torch.cuda.graph(torch.cuda.CUDAGraph()):
-                            pass
-                    except cgguard.CaptureDisabledError:
-                        pass
-        """
+    guarded.stdout.fnmatch_lines(
+        ["FAILED test_uncaught.py::test_uncaught - cgguard._errors.CaptureDisabledError*"]
     )
-    result = run(pytester, "--cgguard")
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(
+
+
+GUARDED["test_repeated"] = """
+    import cgguard
+    import torch
+    from cgguard.testing import simulated_cuda
+
+
+    def test_repeated():
+        with simulated_cuda(), cgguard.capture_disabled():
+            for _ in range(3):
+                try:
+                    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                        pass
+                except cgguard.CaptureDisabledError:
+                    pass
+"""
+
+
+@pytest.mark.xdist_group("pytest_plugin-guarded")
+def test_repeated_violation_is_reported_once_with_its_count(guarded: Session) -> None:
+    """The same refusal three times in a loop is one block saying how many times it happened."""
+    assert guarded.outcomes("test_repeated.py") == {"test_repeated.py::test_repeated": "failed"}
+    report = guarded.section("test_repeated")
+    report.fnmatch_lines(
         [
             "cgguard: 3 violations (capture_disabled) during the test",
             "",
@@ -163,40 +267,40 @@ def test_repeated_violation_is_reported_once_with_its_count(pytester: pytest.Pyt
         consecutive=True,
     )
     # In the failure's report; the short summary may repeat it (untruncated when CI is set).
-    report = result.stdout.str().split("short test summary info")[0]
-    assert report.count("capture_disabled (raised") == 1
+    assert report.str().count("capture_disabled (raised") == 1
 
 
-def test_violation_in_a_fixture_errors_the_test_at_setup(pytester: pytest.Pytester) -> None:
-    """A fixture that swallows a refusal errors its test at setup, as a failing fixture does."""
-    pytester.makepyfile(
-        test_fixture_setup="""
-        import cgguard
-        import pytest
-        import torch
-        from cgguard.testing import simulated_cuda
+GUARDED["test_fixture_setup"] = """
+    import cgguard
+    import pytest
+    import torch
+    from cgguard.testing import simulated_cuda
 
 
-        @pytest.fixture
-        def graph():
-            with simulated_cuda():
-                graph = torch.cuda.CUDAGraph()
-                with cgguard.capture_disabled():
-                    try:
-                        with torch.cuda.graph(graph):
-                            pass
-                    except RuntimeError:
+    @pytest.fixture
+    def graph():
+        with simulated_cuda():
+            graph = torch.cuda.CUDAGraph()
+            with cgguard.capture_disabled():
+                try:
+                    with torch.cuda.graph(graph):
                         pass
-                yield graph
+                except RuntimeError:
+                    pass
+            yield graph
 
 
-        def test_uses_graph(graph):
-            pass
-        """
-    )
-    result = run(pytester, "--cgguard")
-    result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(
+    def test_uses_graph(graph):
+        pass
+"""
+
+
+@pytest.mark.xdist_group("pytest_plugin-guarded")
+def test_violation_in_a_fixture_errors_the_test_at_setup(guarded: Session) -> None:
+    """A fixture that swallows a refusal errors its test at setup, as a failing fixture does."""
+    expected = {"test_fixture_setup.py::test_uses_graph": "error"}
+    assert expected == guarded.outcomes("test_fixture_setup.py")
+    guarded.section("ERROR at setup of test_uses_graph").fnmatch_lines(
         [
             "*ERROR at setup of test_uses_graph*",
             "cgguard: capture_disabled violation during setup",
@@ -204,61 +308,63 @@ def test_violation_in_a_fixture_errors_the_test_at_setup(pytester: pytest.Pytest
     )
 
 
-def test_clean_captures_pass(pytester: pytest.Pytester) -> None:
+GUARDED["test_clean"] = """
+    import torch
+    from cgguard.testing import simulated_cuda
+
+
+    def test_clean():
+        with simulated_cuda():
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                pass
+            graph.replay()
+"""
+
+
+@pytest.mark.xdist_group("pytest_plugin-guarded")
+def test_clean_captures_pass(guarded: Session) -> None:
     """Captures that break no rule leave the test passing."""
-    pytester.makepyfile(
-        test_clean="""
-        import torch
-        from cgguard.testing import simulated_cuda
+    assert guarded.outcomes("test_clean.py") == {"test_clean.py::test_clean": "passed"}
 
 
-        def test_clean():
-            with simulated_cuda():
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
+GUARDED["test_expected"] = """
+    import cgguard
+    import pytest
+    import torch
+    from cgguard.testing import simulated_cuda
+
+
+    @pytest.mark.cgguard_expect("capture_disabled")
+    def test_expected():
+        with simulated_cuda(), cgguard.capture_disabled():
+            with pytest.raises(cgguard.CaptureDisabledError):
+                with torch.cuda.graph(torch.cuda.CUDAGraph()):
                     pass
-                graph.replay()
-        """
-    )
-    run(pytester, "--cgguard").assert_outcomes(passed=1)
+"""
 
 
-def test_expected_rule_that_occurs_passes(pytester: pytest.Pytester) -> None:
+@pytest.mark.xdist_group("pytest_plugin-guarded")
+def test_expected_rule_that_occurs_passes(guarded: Session) -> None:
     """cgguard_expect names the rule the test breaks on purpose: the test passes."""
-    pytester.makepyfile(
-        test_expected="""
-        import cgguard
-        import pytest
-        import torch
-        from cgguard.testing import simulated_cuda
+    assert guarded.outcomes("test_expected.py") == {"test_expected.py::test_expected": "passed"}
 
 
-        @pytest.mark.cgguard_expect("capture_disabled")
-        def test_expected():
-            with simulated_cuda(), cgguard.capture_disabled():
-                with pytest.raises(cgguard.CaptureDisabledError):
-                    with torch.cuda.graph(torch.cuda.CUDAGraph()):
-                        pass
-        """
-    )
-    run(pytester, "--cgguard").assert_outcomes(passed=1)
+GUARDED["test_missing"] = """
+    import pytest
 
 
-def test_expected_rule_that_does_not_occur_fails(pytester: pytest.Pytester) -> None:
+    @pytest.mark.cgguard_expect("nested_capture")
+    def test_missing():
+        pass
+"""
+
+
+@pytest.mark.xdist_group("pytest_plugin-guarded")
+def test_expected_rule_that_does_not_occur_fails(guarded: Session) -> None:
     """A test whose expected violation never happens fails, naming the missing rule."""
-    pytester.makepyfile(
-        test_missing="""
-        import pytest
-
-
-        @pytest.mark.cgguard_expect("nested_capture")
-        def test_missing():
-            pass
-        """
-    )
-    result = run(pytester, "--cgguard")
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(
+    assert guarded.outcomes("test_missing.py") == {"test_missing.py::test_missing": "failed"}
+    guarded.section("test_missing").fnmatch_lines(
         [
             "*_ test_missing _*",
             "cgguard: expected nested_capture violation did not occur "
@@ -268,53 +374,54 @@ def test_expected_rule_that_does_not_occur_fails(pytester: pytest.Pytester) -> N
     )
 
 
-def test_unexpected_rule_fails_next_to_an_expected_one(pytester: pytest.Pytester) -> None:
+GUARDED["test_mixed"] = """
+    import cgguard
+    import pytest
+    import torch
+    from cgguard.testing import simulated_cuda
+
+
+    @pytest.mark.cgguard_expect("nested_capture")
+    def test_mixed():
+        with simulated_cuda():
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                with pytest.raises(cgguard.NestedCaptureError):
+                    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                        pass
+            with cgguard.capture_disabled():
+                with pytest.raises(cgguard.CaptureDisabledError):
+                    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                        pass
+"""
+
+
+@pytest.mark.xdist_group("pytest_plugin-guarded")
+def test_unexpected_rule_fails_next_to_an_expected_one(guarded: Session) -> None:
     """Expecting nested_capture excuses that rule only: a capture_disabled still fails the test."""
-    pytester.makepyfile(
-        test_mixed="""
-        import cgguard
-        import pytest
-        import torch
-        from cgguard.testing import simulated_cuda
-
-
-        @pytest.mark.cgguard_expect("nested_capture")
-        def test_mixed():
-            with simulated_cuda():
-                with torch.cuda.graph(torch.cuda.CUDAGraph()):
-                    with pytest.raises(cgguard.NestedCaptureError):
-                        with torch.cuda.graph(torch.cuda.CUDAGraph()):
-                            pass
-                with cgguard.capture_disabled():
-                    with pytest.raises(cgguard.CaptureDisabledError):
-                        with torch.cuda.graph(torch.cuda.CUDAGraph()):
-                            pass
-        """
-    )
-    result = run(pytester, "--cgguard")
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(
+    assert guarded.outcomes("test_mixed.py") == {"test_mixed.py::test_mixed": "failed"}
+    report = guarded.section("test_mixed")
+    report.fnmatch_lines(
         ["*_ test_mixed _*", "cgguard: capture_disabled violation during the test"],
         consecutive=True,
     )
-    result.stdout.no_fnmatch_line("nested_capture (raised*")
+    report.no_fnmatch_line("nested_capture (raised*")
 
 
-def test_unknown_rule_in_the_marker_is_an_error(pytester: pytest.Pytester) -> None:
+GUARDED["test_typo"] = """
+    import pytest
+
+
+    @pytest.mark.cgguard_expect("nested")
+    def test_typo():
+        pass
+"""
+
+
+@pytest.mark.xdist_group("pytest_plugin-guarded")
+def test_unknown_rule_in_the_marker_is_an_error(guarded: Session) -> None:
     """A misspelt rule in cgguard_expect errors the test at setup and lists the rules."""
-    pytester.makepyfile(
-        test_typo="""
-        import pytest
-
-
-        @pytest.mark.cgguard_expect("nested")
-        def test_typo():
-            pass
-        """
-    )
-    result = run(pytester, "--cgguard")
-    result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(
+    assert guarded.outcomes("test_typo.py") == {"test_typo.py::test_typo": "error"}
+    guarded.section("ERROR at setup of test_typo").fnmatch_lines(
         [
             "cgguard_expect: unknown rule(s) 'nested'; the rules are capture_disabled, "
             "nested_capture, concurrent_capture, sync_during_capture",
@@ -322,72 +429,76 @@ def test_unknown_rule_in_the_marker_is_an_error(pytester: pytest.Pytester) -> No
     )
 
 
-def test_violations_fixture_hands_the_events_to_the_test(pytester: pytest.Pytester) -> None:
-    """cgguard_violations lists the test's full events; the test judges them, cgguard does not."""
-    pytester.makepyfile(
-        test_events="""
-        import cgguard
-        import torch
-        from cgguard.testing import simulated_cuda
+GUARDED["test_events"] = """
+    import cgguard
+    import torch
+    from cgguard.testing import simulated_cuda
 
 
-        def test_events(cgguard_violations):
-            assert cgguard_violations == []
-            with simulated_cuda(), cgguard.capture_disabled():
-                try:
-                    with torch.cuda.graph(torch.cuda.CUDAGraph()):
-                        pass
-                except cgguard.CaptureDisabledError:
+    def test_events(cgguard_violations):
+        assert cgguard_violations == []
+        with simulated_cuda(), cgguard.capture_disabled():
+            try:
+                with torch.cuda.graph(torch.cuda.CUDAGraph()):
                     pass
-            (event,) = cgguard_violations
-            assert ("capture_disabled", "raised", "torch.cuda.graph") == (
-                event["rule"], event["action"], event["api"]
-            )
-            assert {
-                "file": __file__,
-                "line": 10,
-                "function": "test_events",
-                "code": "with torch.cuda.graph(torch.cuda.CUDAGraph()):",
-            } == event["stack"][-1]
-        """
-    )
-    run(pytester, "--cgguard").assert_outcomes(passed=1)
+            except cgguard.CaptureDisabledError:
+                pass
+        (event,) = cgguard_violations
+        assert ("capture_disabled", "raised", "torch.cuda.graph") == (
+            event["rule"], event["action"], event["api"]
+        )
+        assert {
+            "file": __file__,
+            "line": 10,
+            "function": "test_events",
+            "code": "with torch.cuda.graph(torch.cuda.CUDAGraph()):",
+        } == event["stack"][-1]
+"""
 
 
-def test_violations_fixture_skips_without_cgguard(pytester: pytest.Pytester) -> None:
+@pytest.mark.xdist_group("pytest_plugin-guarded")
+def test_violations_fixture_hands_the_events_to_the_test(guarded: Session) -> None:
+    """cgguard_violations lists the test's full events; the test judges them, cgguard does not."""
+    assert guarded.outcomes("test_events.py") == {"test_events.py::test_events": "passed"}
+
+
+IDLE["test_skips"] = """
+    def test_skips(cgguard_violations):
+        pass
+"""
+
+
+@pytest.mark.xdist_group("pytest_plugin-idle")
+def test_violations_fixture_skips_without_cgguard(idle: Session) -> None:
     """Without --cgguard there is nothing to hand over: the test skips and says why."""
-    pytester.makepyfile(
-        test_skips="""
-        def test_skips(cgguard_violations):
-            pass
-        """
-    )
-    result = run(pytester)
-    result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(
+    assert idle.outcomes("test_skips.py") == {"test_skips.py::test_skips": "skipped"}
+    # The session's only skip, so the only SKIPPED line: this test's.
+    idle.stdout.fnmatch_lines(
         ["SKIPPED [[]1[]] *: cgguard is not active: run pytest with --cgguard"]
     )
 
 
-def test_without_the_option_the_plugin_does_nothing(pytester: pytest.Pytester) -> None:
+# Its session must stay free of torch, wrapt and structlog: no scenario there imports them.
+IDLE["test_idle"] = f"""
+    import sys
+
+    import pytest
+
+
+    @pytest.mark.cgguard_expect("nested_capture")
+    def test_idle():
+        assert [] == sorted(m for m in {HEAVY!r} if m in sys.modules)
+        import cgguard
+        from cgguard._guard import LISTENERS
+
+        assert (False, []) == (cgguard.is_installed(), LISTENERS)
+"""
+
+
+@pytest.mark.xdist_group("pytest_plugin-idle")
+def test_without_the_option_the_plugin_does_nothing(idle: Session) -> None:
     """No --cgguard: nothing installed, no listener, no dependency loaded; the marker accepted."""
-    pytester.makepyfile(
-        test_idle=f"""
-        import sys
-
-        import pytest
-
-
-        @pytest.mark.cgguard_expect("nested_capture")
-        def test_idle():
-            assert [] == sorted(m for m in {HEAVY!r} if m in sys.modules)
-            import cgguard
-            from cgguard._guard import LISTENERS
-
-            assert (False, []) == (cgguard.is_installed(), LISTENERS)
-        """
-    )
-    run(pytester).assert_outcomes(passed=1)
+    assert idle.outcomes("test_idle.py") == {"test_idle.py::test_idle": "passed"}
 
 
 def test_swallowed_violation_passes_without_the_option(pytester: pytest.Pytester) -> None:

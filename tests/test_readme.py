@@ -41,6 +41,7 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert ci[-1] == setup_commands()[1]
 
 
+@pytest.mark.subprocess
 @pytest.mark.simulated
 def test_demo_command_shows_both_violations_with_file_and_line() -> None:
     """The README's demo invocation reports both failures at the demo's own lines."""

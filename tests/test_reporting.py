@@ -13,10 +13,10 @@ import signal
 import subprocess
 import sys
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from helpers import DISABLED_SENTENCE, SourceFile
 
 import cgguard
 from cgguard import _events, _guard, _report, _warn
@@ -25,15 +25,13 @@ from cgguard.testing import capture_violations
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from pathlib import Path
 
     from cgguard._frames import Snapshot
     from cgguard.testing import SimulatedCuda
 
 API = "torch.cuda.graph"
-DISABLED_SENTENCE = (
-    "CUDA graph capturing detected at an inappropriate time. This operation is currently disabled."
-)
-SOURCE = Path(__file__).read_text().splitlines()
+frame = SourceFile(__file__).frame
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 
@@ -75,20 +73,6 @@ def violate():
 
 print(json.dumps({"pid": os.getpid(), "thread_id": threading.get_ident()}), flush=True)
 """
-
-
-def line_of(marker: str, source: list[str] = SOURCE) -> int:
-    """The line of ``source`` (this file by default) that ends with the comment ``# marker``."""
-    (line,) = [n for n, text in enumerate(source, 1) if text.endswith(f"# {marker}")]
-    return line
-
-
-def frame(
-    marker: str, function: str, *, file: str = __file__, source: list[str] = SOURCE
-) -> dict[str, Any]:
-    """The rendered frame cgguard must report for the line marked ``marker``."""
-    line = line_of(marker, source)
-    return {"file": file, "line": line, "function": function, "code": source[line - 1].strip()}
 
 
 def where(site: dict[str, Any]) -> str:
@@ -270,11 +254,11 @@ def run_program(
     )
 
 
-def write_program(folder: Path, name: str, body: str) -> tuple[Path, list[str]]:
-    """A program file (named so it shadows no module) and its lines, for line_of and frame."""
+def write_program(folder: Path, name: str, body: str) -> tuple[Path, SourceFile]:
+    """A program file (named so it shadows no module), and its marked lines."""
     path = folder / name
     path.write_text(body)
-    return path, body.splitlines()
+    return path, SourceFile(path)
 
 
 @pytest.fixture(autouse=True)
@@ -466,6 +450,7 @@ violate()  # summary-b
 )
 
 
+@pytest.mark.subprocess
 def test_exit_summary_and_final_report(tmp_path: Path) -> None:
     """At normal exit: the summary is the log's last line, the report holds the final counts."""
     program, source = write_program(tmp_path, "violating_program.py", SUMMARY_PROGRAM)
@@ -477,8 +462,8 @@ def test_exit_summary_and_final_report(tmp_path: Path) -> None:
     assert (result.returncode, result.stderr) == (0, "")
     child = json.loads(result.stdout)
     context = {**child, "rank": 3, "local_rank": 1, "world_size": 8}
-    a = frame("summary-a", "<module>", file=str(program), source=source)
-    b = frame("summary-b", "<module>", file=str(program), source=source)
+    a = source.frame("summary-a", "<module>")
+    b = source.frame("summary-b", "<module>")
     assert [stamped(event) for event in read_events(log)] == [
         disabled_event(a, 1, **context),
         brief_event(a, 2, **context),
@@ -517,6 +502,7 @@ cgguard.install(cgguard.Config(mode="log", log_file=sys.argv[1], report=sys.argv
 )
 
 
+@pytest.mark.subprocess
 def test_no_summary_without_a_violation(tmp_path: Path) -> None:
     """A run without a violation logs nothing at exit; its report says so."""
     program, _ = write_program(tmp_path, "quiet_program.py", QUIET_PROGRAM)
@@ -667,6 +653,7 @@ os.kill(os.getpid(), signal.SIGTERM)
 )
 
 
+@pytest.mark.subprocess
 def test_a_worker_killed_by_sigterm_leaves_its_report(tmp_path: Path) -> None:
     """No exit handler runs on SIGTERM, yet the report written at the violation is there."""
     program, source = write_program(tmp_path, "killed_program.py", KILLED_PROGRAM)
@@ -676,7 +663,7 @@ def test_a_worker_killed_by_sigterm_leaves_its_report(tmp_path: Path) -> None:
     result = run_program(program, str(log), template)
     assert (result.returncode, result.stderr) == (-signal.SIGTERM, "")
     child = json.loads(result.stdout)
-    first = disabled_event(frame("killed", "<module>", file=str(program), source=source), 1)
+    first = disabled_event(source.frame("killed", "<module>"), 1)
     first.update(child)
     # No summary in the log: the exit handler did not run.
     assert [stamped(event) for event in read_events(log)] == [first]
@@ -714,6 +701,7 @@ if __name__ == "__main__":
 )
 
 
+@pytest.mark.subprocess
 def test_a_forked_worker_reports_only_its_own_violations(tmp_path: Path) -> None:
     """A worker forked after the parent's violation reports its own violation, not the parent's."""
     program, source = write_program(tmp_path, "forking_program.py", FORK_PROGRAM)
@@ -723,7 +711,7 @@ def test_a_forked_worker_reports_only_its_own_violations(tmp_path: Path) -> None
     assert (result.returncode, result.stderr) == (0, "")
     worker = json.loads(result.stdout.splitlines()[-1])
     report = read_report(folder / f"r-{worker}.json")
-    site = frame("forked-child", "child", file=str(program), source=source)
+    site = source.frame("forked-child", "child")
     assert (
         report["totals"],
         [(v["count"], v["first"]["stack"][-1]) for v in report["violations"]],
@@ -772,6 +760,7 @@ WORKER_LINES = (
 )
 
 
+@pytest.mark.subprocess
 def test_spawned_workers_share_one_log_file_and_each_write_a_report(tmp_path: Path) -> None:
     """4 spawn workers, one log file: whole JSON lines only, 15 per worker, one report each."""
     program, source = write_program(tmp_path, "workers_program.py", WORKERS_PROGRAM)
@@ -783,10 +772,7 @@ def test_spawned_workers_share_one_log_file_and_each_write_a_report(tmp_path: Pa
     events = read_events(log)  # every line parses as JSON
     assert len(events) == 4 * len(WORKER_LINES) == 60
     assert sorted({event["pid"] for event in events}) == sorted(pids)
-    a, b, c = (
-        frame(marker, "work", file=str(program), source=source)
-        for marker in ("worker-a", "worker-b", "worker-c")
-    )
+    a, b, c = (source.frame(marker, "work") for marker in ("worker-a", "worker-b", "worker-c"))
     for pid in pids:
         own = [event for event in events if event["pid"] == pid]
         assert [(event["event"], event.get("count")) for event in own] == WORKER_LINES
@@ -834,6 +820,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.simulated
 def test_the_runner_reports_every_spawned_worker(tmp_path: Path) -> None:
     """cgguard run --mode log --report --log-file: each spawn worker logs and reports its own."""
@@ -848,7 +835,7 @@ def test_the_runner_reports_every_spawned_worker(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     pids = json.loads(result.stdout)
-    site = frame("runner-site", "work", file=str(program), source=source)
+    site = source.frame("runner-site", "work")
     events = read_events(log)
     # Per worker: 10 violations at one site (logged at 1, 2, 4, 8) and the summary.
     assert len(events) == 4 * 5
@@ -918,6 +905,7 @@ violate()  # logging-program
 )
 
 
+@pytest.mark.subprocess
 def test_logging_target_from_the_environment_carries_the_summary(tmp_path: Path) -> None:
     """CGGUARD_LOG_TARGET=logging: the violation and the exit summary go to logging at WARNING."""
     program, source = write_program(tmp_path, "logging_program.py", LOGGING_PROGRAM)
@@ -928,7 +916,7 @@ def test_logging_target_from_the_environment_carries_the_summary(tmp_path: Path)
     assert (result.returncode, result.stderr) == (0, "")
     pid_line, *lines = result.stdout.splitlines()
     child = json.loads(pid_line)
-    site = frame("logging-program", "<module>", file=str(program), source=source)
+    site = source.frame("logging-program", "<module>")
     records = [line.split(" ", 2) for line in lines]
     assert [(name, level, stamped(json.loads(message))) for name, level, message in records] == [
         ("cgguard", "WARNING", disabled_event(site, 1, **child)),

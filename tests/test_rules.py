@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 import re
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
+from helpers import SourceFile
 from torch.cuda import synchronize as synchronize_taken_early  # bound before any install()
 
 import cgguard
@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
     from tests.conftest import Runtime
 
-SOURCE = Path(__file__).read_text().splitlines()
+THIS_FILE = SourceFile(__file__)
+line_of, frame = THIS_FILE.line_of, THIS_FILE.frame
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
 SOURCES = ["config", "environ"]
 ERRORS: dict[str, type[cgguard.CaptureViolation]] = {
@@ -35,18 +36,6 @@ ERRORS: dict[str, type[cgguard.CaptureViolation]] = {
 }
 PROHIBITED = "operation not permitted"
 INVALIDATED = "previous error during capture"
-
-
-def line_of(marker: str) -> int:
-    """The line of this file that ends with the comment ``# marker``."""
-    (line,) = [n for n, text in enumerate(SOURCE, 1) if text.endswith(f"# {marker}")]
-    return line
-
-
-def frame(marker: str, function: str) -> dict[str, object]:
-    """The rendered frame cgguard must report for the line marked ``marker``."""
-    line = line_of(marker)
-    return {"file": __file__, "line": line, "function": function, "code": SOURCE[line - 1].strip()}
 
 
 def where(marker: str, function: str) -> str:

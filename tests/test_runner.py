@@ -22,6 +22,7 @@ import textwrap
 from typing import TYPE_CHECKING, NamedTuple
 
 import pytest
+from helpers import clean_environ
 
 import cgguard
 from cgguard._runner import BOOT_DIR
@@ -29,6 +30,8 @@ from cgguard._runner import BOOT_DIR
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from pathlib import Path
+
+pytestmark = pytest.mark.subprocess
 
 # (returncode, stdout, stderr) of a finished process.
 Result = tuple[int, bytes, bytes]
@@ -56,20 +59,6 @@ RUNNER_OPTIONS = (
     "--simulate-cuda",
 )
 NOT_FOUND = "cgguard run: cannot run {!r}: no such file, and no command of that name on PATH\n"
-
-
-def clean_environ(**changes: str) -> dict[str, str]:
-    """This process's environment without CGGUARD_* and PYTHON* variables, plus ``changes``.
-
-    PYTHON* goes too (PYTHONPATH above all), so that no setting of the caller's (such as
-    PYTHONSAFEPATH or PYTHONDONTWRITEBYTECODE) changes what the programs here see.
-    """
-    kept = {
-        name: value
-        for name, value in os.environ.items()
-        if not name.startswith(("CGGUARD_", "PYTHON"))
-    }
-    return {**kept, **changes}
 
 
 def command(argv: Sequence[str], cwd: Path, env: Mapping[str, str], stdin: bytes = b"") -> Result:

@@ -188,6 +188,7 @@ def _modules_after(code: str) -> set[str]:
     return set(result.stdout.split())
 
 
+@pytest.mark.subprocess
 def test_import_adds_no_heavy_modules() -> None:
     """Importing cgguard._settings loads only it, the rule table and the exceptions: no typing."""
     bare = _modules_after("pass")

@@ -466,6 +466,7 @@ def test_reentry_refused(sim: SimulatedCuda) -> None:
     assert str(info.value) == "simulated_cuda() is already active [simulated CUDA]"
 
 
+@pytest.mark.subprocess
 def test_import_does_not_import_torch() -> None:
     """Importing the module leaves torch unimported."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}

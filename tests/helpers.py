@@ -1,0 +1,45 @@
+"""Helpers shared by the test files: marked source lines, vLLM's sentence, a clean environment."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+# The sentence that opens every capture_disabled message: vLLM's own wording.
+DISABLED_SENTENCE = (
+    "CUDA graph capturing detected at an inappropriate time. This operation is currently disabled."
+)
+
+
+class SourceFile:
+    """A Python file whose lines are found by the comment that ends them, ``# marker``."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = str(path)
+        self.lines = Path(path).read_text().splitlines()
+
+    def line_of(self, marker: str) -> int:
+        """The number of the one line that ends with the comment ``# marker``."""
+        (line,) = [n for n, text in enumerate(self.lines, 1) if text.endswith(f"# {marker}")]
+        return line
+
+    def frame(self, marker: str, function: str) -> dict[str, Any]:
+        """The rendered frame cgguard must report for the line marked ``marker``."""
+        line = self.line_of(marker)
+        code = self.lines[line - 1].strip()
+        return {"file": self.path, "line": line, "function": function, "code": code}
+
+
+def clean_environ(**changes: str) -> dict[str, str]:
+    """This process's environment without CGGUARD_* and PYTHON* variables, plus ``changes``.
+
+    PYTHON* goes too (PYTHONPATH above all), so that no setting of the caller's (such as
+    PYTHONSAFEPATH or PYTHONDONTWRITEBYTECODE) changes what the programs started with it see.
+    """
+    kept = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("CGGUARD_", "PYTHON"))
+    }
+    return {**kept, **changes}
