@@ -33,7 +33,7 @@ CGGUARD_DIR = os.path.dirname(os.path.abspath(cgguard.__file__))
 # cgguard's own files, less the simulated driver: it keeps a record of every call it is asked.
 OWN_FILES = [
     tracemalloc.Filter(True, os.path.join(CGGUARD_DIR, "*")),
-    tracemalloc.Filter(False, os.path.join(CGGUARD_DIR, "_simcuda.py")),
+    tracemalloc.Filter(False, os.path.join(CGGUARD_DIR, "testing", "_simcuda.py")),
 ]
 
 

@@ -1,6 +1,7 @@
 """The exceptions cgguard raises, all under one root."""
 
-# Imported at start-up when a rule variable is set: no ``typing`` or ``__future__`` here.
+# Imported at start-up whenever a CGGUARD_* variable other than a plain CGGUARD_ENABLED=1 is
+# set (the settings parser needs the rule names): no ``typing`` or ``__future__`` here.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping

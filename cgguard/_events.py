@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING, TypedDict, cast
 
 from cgguard._frames import FrameInfo, render, where
-from cgguard._rules import RULES
+from cgguard._rules import RULES, Cause
 from cgguard._version import __version__, distribution_version
 
 if TYPE_CHECKING:
@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from cgguard._config import Config
     from cgguard._frames import Snapshot
     from cgguard._ledger import Ledger, Site
-    from cgguard._rules import Cause
 
 _RANK_VARIABLES = (("RANK", "rank"), ("LOCAL_RANK", "local_rank"), ("WORLD_SIZE", "world_size"))
 
@@ -162,7 +161,7 @@ def violation(
     if rule == "concurrent_capture":
         event["other_thread_id"] = cause.thread_id
     if cause_frames is not None:
-        cause.where = cause.where.format(where=where(cause_frames))
+        cause = Cause(cause.where.format(where=where(cause_frames)), cause.thread_id, cause.mode)
     event["message"] = spec.message(f"{api} at {where(frames)}", cause)
     return cast("ViolationEvent", event)
 

@@ -28,8 +28,7 @@ def set_capture_enabled(enabled: bool) -> None:
 
 def is_capture_enabled() -> bool:
     """Whether a CUDA-graph capture may begin now: cgguard's flag and every flag it follows."""
-    guard = _guard.current
-    return guard.is_capture_enabled() if guard is not None else FLAG.enabled
+    return _guard.is_capture_enabled()
 
 
 class _FlagSetting:

@@ -22,8 +22,6 @@ from cgguard._patchset import PatchSet
 if TYPE_CHECKING:
     from types import ModuleType
 
-    from cgguard._guard import Guard
-
 VLLM = (
     "vllm.compilation.monitor",
     "cudagraph_capturing_enabled",
@@ -59,14 +57,12 @@ class _Follow:
                 module, self.setter, lambda original: wrapt.FunctionWrapper(original, record_where)
             )
         self.source = source
-        if _guard.current is not None:
-            _guard.current.follows.append(source)
+        _guard.FOLLOWED.append(source)
 
     def undo(self) -> None:
         _startup.cancel(self.module_name, self.apply)
-        guard = _guard.current
-        if self.source is not None and guard is not None and self.source in guard.follows:
-            guard.follows.remove(self.source)
+        if self.source is not None and self.source in _guard.FOLLOWED:
+            _guard.FOLLOWED.remove(self.source)
         self.patches.restore()
         self.source = None
 
@@ -106,13 +102,6 @@ def follow_vllm(enabled: bool) -> None:
         _vllm = None
     elif _vllm is None and enabled:
         _vllm = _start(*VLLM)
-
-
-def attach(guard: Guard) -> None:
-    """Give a new installation the flags already followed."""
-    for follow in [*_requests, *([_vllm] if _vllm else [])]:
-        if follow.source is not None and follow.source not in guard.follows:
-            guard.follows.append(follow.source)
 
 
 def waiting() -> list[str]:

@@ -102,6 +102,17 @@ class FlagSource:
             return True
 
 
+# Other frameworks' capture flags followed (cgguard._follow): part of what the capture flag
+# means, so process-wide like it; follow_flag() may come before install(), and uninstall()
+# stops following them all.
+FOLLOWED: list[FlagSource] = []
+
+
+def is_capture_enabled(flag: CaptureFlag = FLAG, follows: Iterable[FlagSource] = FOLLOWED) -> bool:
+    """cgguard's flag and every followed flag allow a capture now."""
+    return flag.enabled and all(source.enabled() for source in list(follows))
+
+
 class Guard:
     """One installation of cgguard, and the capture path that consults it."""
 
@@ -110,6 +121,7 @@ class Guard:
         config: Config,
         *,
         flag: CaptureFlag = FLAG,
+        follows: list[FlagSource] = FOLLOWED,
         listeners: list[Callable[[ViolationEvent], None]] = LISTENERS,
         log: EventLog | None = None,
         report: ReportFile | None = None,
@@ -125,7 +137,11 @@ class Guard:
         self.patches = PatchSet()
         # The simulation may remove its synchronize first: then there is nothing to put back.
         self.device_sync = PatchSet(keep_newer=True)
-        self.follows: list[FlagSource] = []
+        self.follows = follows
+        # Set by uninstall(): hooks a caller still holds a reference to let everything through.
+        self.retired = False
+        # Whether the current stream is capturing; cgguard._patches gives torch's answer.
+        self.is_capturing: Callable[[], bool] = _not_known
         # Captures begun and not yet ended, by id() of the CUDAGraph that holds them. Mutated
         # in place only: the capture_end function binds this very dict.
         self.active: dict[int, Record] = {}
@@ -148,7 +164,7 @@ class Guard:
 
     def is_capture_enabled(self) -> bool:
         """cgguard's flag and every followed flag allow a capture now."""
-        return self.flag.enabled and all(source.enabled() for source in list(self.follows))
+        return is_capture_enabled(self.flag, self.follows)
 
     # The capture path. Each entry point does the least work that keeps the record of active
     # captures true, and leaves everything else to the slow path below.
@@ -160,12 +176,12 @@ class Guard:
         # the thread on the capture stream for good, since __exit__ never runs.
         graph, thread = id(instance.cuda_graph), get_ident()
         stack = with_stack(sys._getframe(1))
-        record = self.check_begin(API_GRAPH, graph, instance.capture_error_mode, stack)
+        checked = self._check(API_GRAPH, graph, instance.capture_error_mode, stack)
         # For the capture_begin that __enter__ makes: passed aside, not through the active
         # captures, since torch's own synchronize before capture_begin is no synchronize during
-        # a capture; with it, which captures were active when this one was checked.
+        # a capture; with it, the captures this one was checked against.
         key = (thread, graph)
-        self.entering[key] = (record, tuple(self.active) if self.active else ())
+        self.entering[key] = checked
         try:
             return wrapped(*args, **kwargs)
         finally:
@@ -179,7 +195,7 @@ class Guard:
             # Walked now: a raw capture_begin is often made by a helper that returns at once,
             # and its callers move on while the capture stays active.
             mode = _error_mode(args, kwargs)
-            record = self.check_begin(API_CAPTURE_BEGIN, graph, mode, snapshot(1))
+            record = self._check(API_CAPTURE_BEGIN, graph, mode, snapshot(1))[0]
         else:
             # The capture_begin of a torch.cuda.graph, checked when __enter__ began; a capture
             # another thread began while torch prepared this one was not.
@@ -198,14 +214,14 @@ class Guard:
         capture path, benchmarks/capture_overhead.py). Put on the class, a function binds as
         the method it replaces, so it covers subclasses as a wrapt wrapper would.
         """
-        active = self.active
+        active, guard = self.active, self
 
         @functools.wraps(original)
         def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
             try:
                 result = original(self, *args, **kwargs)
             except BaseException as exc:
-                if _STILL_CAPTURING not in str(exc):
+                if not guard._still_capturing(exc):
                     active.pop(id(self), None)
                 raise
             active.pop(id(self), None)
@@ -247,24 +263,33 @@ class Guard:
 
         The caller adds the record to ``active`` once the capture has begun.
         """
-        thread = get_ident()
+        return self._check(api, key, mode, stack)[0]
+
+    def _check(
+        self, api: str, key: int, mode: str, stack: Snapshot | LiveStack
+    ) -> tuple[Record, tuple[int, ...]]:
+        """check_begin(), with the keys of the active captures the attempt was checked against."""
+        record = (key, get_ident(), api, mode, stack)
         # The common case costs three reads: nothing capturing, capture enabled, no followed flag.
         if not self.active and self.flag.enabled and not self.follows:
-            return (key, thread, api, mode, stack)
+            return record, ()
+        if self.retired:
+            return record, ()
         try:
+            active = list(self.active.items())
             found = find_violations(
-                self.is_capture_enabled(), thread, mode, list(self.active.values())
+                self.is_capture_enabled(), record[1], mode, [r for _, r in active]
             )
         except Exception as exc:
             warn_once(
                 "guard:begin", f"internal error while checking a capture, not checked: {exc!r}"
             )
-            found = []
+            return record, ()
         if found:
             error = self._violated(found, api, stack, refuse=True)
             if error is not None:
                 raise error
-        return (key, thread, api, mode, stack)
+        return record, tuple(key for key, _ in active)
 
     def _recheck_concurrent(self, begun: Record, seen: tuple[int, ...]) -> None:
         """Report a capture another thread began while torch.cuda.graph prepared ``begun``.
@@ -272,6 +297,8 @@ class Guard:
         torch has switched the thread's stream by then, so this reports and never refuses.
         """
         _, thread, api, mode, stack = begun
+        if self.retired:
+            return
         try:
             since = [r for k, r in list(self.active.items()) if k not in seen]
             found = [
@@ -290,6 +317,8 @@ class Guard:
     def check_sync(self, api: str) -> None:
         """Check a synchronize made by the caller's caller; report, maybe raise, before CUDA."""
         thread = get_ident()
+        if self.retired:
+            return
         try:
             if self.config.action("nested_capture") != "off" and any(
                 entering_thread == thread for entering_thread, _ in list(self.entering)
@@ -298,14 +327,15 @@ class Guard:
                 # reported already, as the nested capture it is part of.
                 return
             cause = find_sync_violation(thread, list(self.active.values()))
+            if cause is None:
+                return
+            stack = snapshot(2)  # from the caller of the hook that called this
         except Exception as exc:
             warn_once(
                 "guard:sync", f"internal error while checking a synchronize, not checked: {exc!r}"
             )
             return
-        if cause is None:
-            return
-        error = self._violated([("sync_during_capture", cause)], api, snapshot(2), refuse=True)
+        error = self._violated([("sync_during_capture", cause)], api, stack, refuse=True)
         if error is not None:
             raise error
 
@@ -383,6 +413,17 @@ class Guard:
             told = Cause(f"capture was disabled by {label}")
         return _events.violation(rule, api, stack, origin, told, action=action, count=count)
 
+    def _still_capturing(self, exc: BaseException) -> bool:
+        """Whether the capture a failed capture_end was ending goes on."""
+        if _STILL_CAPTURING in str(exc):
+            return True  # refused on another stream: the capture's own stream still captures
+        try:
+            # On the capture's stream: anything that failed before CUDA ended the capture (a
+            # bad argument, an interrupt) leaves that stream capturing.
+            return self.is_capturing()
+        except Exception:
+            return False
+
     def _disabled_by(self) -> tuple[str | None, Snapshot | None]:
         """Which flag disables capture: (a label, or None for cgguard's own; where it was set)."""
         if not self.flag.enabled:
@@ -426,6 +467,10 @@ def find_sync_violation(thread_id: int, active: Iterable[Record]) -> Record | No
         if record[1] == thread_id:  # its thread
             return record
     return None
+
+
+def _not_known() -> bool:
+    return False
 
 
 def _error_mode(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:

@@ -28,7 +28,7 @@ _lock = threading.RLock()
 _process_hooks = False  # the exit summary and the fork handler, registered once per process
 
 
-class Capture(NamedTuple):
+class CaptureInfo(NamedTuple):
     """A capture that has begun and not ended: who began it, through which API, in which mode."""
 
     thread_id: int
@@ -48,7 +48,7 @@ class Status:
     followed: tuple[str, ...]  # the flags followed, as module.attribute
     waiting_to_follow: tuple[str, ...]  # modules whose flag is followed once imported
     capture_enabled: bool  # cgguard's flag and every followed flag allow a capture now
-    captures: tuple[Capture, ...]  # captures begun and not yet ended, on any thread
+    captures: tuple[CaptureInfo, ...]  # captures begun and not yet ended, on any thread
     violations: dict[str, int]  # violations seen per rule, since install
     config: Config | None
 
@@ -86,11 +86,14 @@ def uninstall() -> None:
     """Put torch's attributes back exactly as they were and stop reporting. Idempotent."""
     with _lock:
         _startup.cancel("torch", PATCH_ON_IMPORT)
+        _follow.unfollow_all()  # follow_flag() made before install() too
         guard = _guard.current
         if guard is None:
             return
-        _follow.unfollow_all()
         _guard.current = None
+        # A hook someone still holds a reference to (a bound capture_begin, say) lets
+        # everything through from now on, as torch's own would.
+        guard.retired = True
         guard.device_sync.restore()
         guard.patches.restore()
         if guard.report is not None:
@@ -115,9 +118,9 @@ def status() -> Status:
                 activated_by=_startup.activated_by,
                 patched=(),
                 waiting_for_torch=False,
-                followed=(),
-                waiting_to_follow=(),
-                capture_enabled=FLAG.enabled,
+                followed=tuple(source.label for source in _guard.FOLLOWED),
+                waiting_to_follow=tuple(_follow.waiting()),
+                capture_enabled=_guard.is_capture_enabled(),
                 captures=(),
                 violations={},
                 config=None,
@@ -131,7 +134,7 @@ def status() -> Status:
             waiting_to_follow=tuple(_follow.waiting()),
             capture_enabled=guard.is_capture_enabled(),
             captures=tuple(
-                Capture(thread, api, mode)
+                CaptureInfo(thread, api, mode)
                 for _, thread, api, mode, _ in list(guard.active.values())
             ),
             violations=guard.ledger.totals(),
@@ -145,7 +148,6 @@ def _configure(guard: Guard | None, config: Config) -> Guard:
     report = ReportFile(config) if config.report is not None else None
     if guard is None:
         guard = _guard.current = Guard(config, log=log, report=report)
-        _follow.attach(guard)
     else:
         # Switched in place: the hooks already on torch are bound to this very object.
         if guard.log is not None:
@@ -197,10 +199,6 @@ def _patch() -> None:
         try:
             from cgguard._patches import patch_torch
 
-            # No capture recorded before these patches can end through them: one a hook
-            # recorded while another thread uninstalled would otherwise stay active for good.
-            guard.active.clear()
-            guard.entering.clear()
             patch_torch(guard)
         except Exception as exc:
             warn_once("patch", f"could not patch torch, captures are not guarded: {exc!r}")

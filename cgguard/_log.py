@@ -103,12 +103,10 @@ def _event_first(_: object, __: str, event_dict: MutableMapping[str, Any]) -> An
 
 def _stacks_as_text(_: object, __: str, event_dict: MutableMapping[str, Any]) -> Any:
     """Fold the stacks into one traceback-like block; ConsoleRenderer prints it below the line."""
-    if not isinstance(event_dict.get("stack"), list):
+    rule = RULES.get(str(event_dict.get("rule")))
+    if rule is None or not isinstance(event_dict.get("stack"), list):
         return event_dict  # a repeat or a summary: no stacks to fold
     frames: list[FrameInfo] = event_dict.pop("stack")
-    rule = RULES.get(str(event_dict.get("rule")))
-    if rule is None:
-        return event_dict
     blocks = [f"{rule.attempt_title}\n" + format_frames(frames)]
     if rule.cause_key in event_dict:
         cause: list[FrameInfo] | None = event_dict.pop(rule.cause_key)

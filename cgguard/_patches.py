@@ -45,6 +45,9 @@ def patch_torch(guard: Guard) -> None:
     streams = importlib.import_module("torch.cuda.streams")
     cuda_graph = real_class(graphs.CUDAGraph)
     stream, event = real_class(streams.Stream), real_class(streams.Event)
+    cuda = importlib.import_module("torch.cuda")
+    # Looked up at each call: the simulated runtime replaces it while it is in place.
+    guard.is_capturing = lambda: bool(cuda.is_current_stream_capturing())
     guard.patches.apply(
         [
             (graphs.graph, "__enter__", _wrapt(guard.graph_enter)),
@@ -65,7 +68,7 @@ def patch_torch(guard: Guard) -> None:
 # torch.cuda.synchronize() lands in torch._C._cuda_synchronize: wrapping that, rather than the
 # Python function, also catches ``from torch.cuda import synchronize`` bound before install.
 # CPU builds have no such function; the simulated runtime adds one while it is active, and
-# cgguard.testing calls patch_device_sync() as it comes and release_device_sync() as it goes.
+# cgguard.testing has cgguard._install call patch_device_sync() again as it comes.
 
 
 def patch_device_sync(guard: Guard) -> None:
@@ -76,8 +79,3 @@ def patch_device_sync(guard: Guard) -> None:
     guard.device_sync.restore()  # a wrapper of ours replaced since is only forgotten
     if "_cuda_synchronize" in vars(c_module):
         guard.device_sync.wrap(c_module, "_cuda_synchronize", guard.make_device_sync)
-
-
-def release_device_sync(guard: Guard) -> None:
-    """Put torch._C._cuda_synchronize back, if the guard's wrapper is still the one there."""
-    guard.device_sync.restore()

@@ -5,7 +5,8 @@ variables, Config validation, the runner's ``--rule``, the pytest marker, event 
 titles and the exception raised all come from this table.
 """
 
-# Read at start-up when a CGGUARD_RULE_* variable is set: standard library only, no ``typing``.
+# Read at start-up whenever a CGGUARD_* variable other than a plain CGGUARD_ENABLED=1 is set:
+# standard library only, no ``typing``.
 from cgguard._errors import (
     CaptureDisabledError,
     CaptureViolation,

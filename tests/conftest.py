@@ -12,7 +12,7 @@ import pytest
 
 import cgguard
 from cgguard import _warn
-from cgguard._guard import FLAG, LISTENERS
+from cgguard._guard import FLAG, FOLLOWED, LISTENERS
 from cgguard.testing import capture_violations
 
 if TYPE_CHECKING:
@@ -76,11 +76,12 @@ def events() -> Iterator[list[dict[str, Any]]]:
 def _clean_process() -> Iterator[None]:
     environ = dict(os.environ)
     path = list(sys.path)
-    listeners = list(LISTENERS)
+    listeners, followed = list(LISTENERS), list(FOLLOWED)
     yield
     cgguard.uninstall()
     FLAG.set(True, None)
     LISTENERS[:] = listeners
+    FOLLOWED[:] = followed
     os.environ.clear()
     os.environ.update(environ)
     sys.path[:] = path

@@ -554,3 +554,99 @@ def test_capture_made_while_torch_prepares_another_on_one_thread(
     assert cgguard.status().captures == ()
     assert _guard.current is not None
     assert _guard.current.entering == {}  # nothing half-begun left behind
+
+
+@pytest.mark.simulated
+def test_capture_begun_while_another_is_being_reported_is_concurrent(
+    events: list[dict[str, Any]],
+) -> None:
+    """A capture another thread begins while cgguard still reports this one's violation (a slow
+    log sink, say) is checked at capture_begin all the same."""
+    from cgguard.testing import simulated_cuda
+
+    with simulated_cuda():
+        install("log")
+        c_graph, c_stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        b_graph, b_stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        b_began, c_began, release = threading.Event(), threading.Event(), threading.Event()
+        started: list[threading.Thread] = []
+        ids: dict[str, int] = {}
+
+        def thread_c() -> None:  # already capturing, thread-local, when A enters
+            ids["c"] = threading.get_ident()
+            with torch.cuda.stream(c_stream):
+                c_graph.capture_begin(capture_error_mode="thread_local")
+            c_began.set()
+            # Alive to the end: a thread id is reused as soon as its thread exits.
+            assert release.wait(timeout=20)
+
+        def thread_b() -> None:  # begins while A's violation is still being reported
+            ids["b"] = threading.get_ident()
+            with torch.cuda.stream(b_stream):
+                b_graph.capture_begin(capture_error_mode="thread_local")
+            b_began.set()
+
+        def slow_report(event: object) -> None:
+            if not started:
+                started.append(run_in_thread(thread_b))
+                assert b_began.wait(timeout=20)
+
+        c = run_in_thread(thread_c)
+        assert c_began.wait(timeout=20)
+        _guard.LISTENERS.append(slow_report)
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):  # global: concurrent with C, then B
+            pass
+        for graph, stream in ((b_graph, b_stream), (c_graph, c_stream)):
+            with torch.cuda.stream(stream):
+                graph.capture_end()
+        release.set()
+        join_all(c, *started)
+    assert [(e["rule"], e["api"], e["other_thread_id"]) for e in events] == [
+        ("concurrent_capture", "torch.cuda.graph", ids["c"]),
+        ("concurrent_capture", "torch.cuda.graph", ids["b"]),
+    ]
+
+
+@pytest.mark.simulated
+def test_capture_end_failing_before_torch_runs_keeps_the_capture(
+    events: list[dict[str, Any]],
+) -> None:
+    """A capture_end that fails before it reaches CUDA (a bad call) leaves the capture active."""
+    from cgguard.testing import simulated_cuda
+
+    with simulated_cuda():
+        install("log")
+        graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            graph.capture_begin()  # @kept-outer
+            with pytest.raises(TypeError):
+                graph.capture_end(True)  # type: ignore[call-arg]
+            assert torch.cuda.is_current_stream_capturing() is True
+            with torch.cuda.stream(torch.cuda.Stream()):
+                inner = torch.cuda.CUDAGraph()
+                inner.capture_begin()  # logged as nested
+                inner.capture_end()
+            graph.capture_end()
+    test = "test_capture_end_failing_before_torch_runs_keeps_the_capture"
+    assert [(e["rule"], e["outer_stack"][-1]) for e in events] == [
+        ("nested_capture", frame("@kept-outer", test))
+    ]
+    assert cgguard.status().captures == ()
+
+
+@pytest.mark.simulated
+def test_a_hook_held_after_uninstall_lets_everything_through(
+    events: list[dict[str, Any]],
+) -> None:
+    """A patched entry point a caller still holds checks nothing once cgguard is uninstalled."""
+    from cgguard.testing import simulated_cuda
+
+    with simulated_cuda():
+        install()
+        begin = torch.cuda.graphs.CUDAGraph.capture_begin  # cached by a library, say
+        cgguard.uninstall()
+        graph = torch.cuda.CUDAGraph()
+        with cgguard.capture_disabled(), torch.cuda.stream(torch.cuda.Stream()):
+            begin(graph)
+            graph.capture_end()
+    assert events == []

@@ -204,3 +204,30 @@ def test_enabling_call_is_never_named_as_the_disabling_one(standin: Path, cuda: 
     with pytest.raises(cgguard.CaptureDisabledError) as raised:
         capture()
     assert raised.value.event["disabled_stack"] is None
+
+
+def test_follow_flag_before_install_counts_and_uninstall_undoes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """follow_flag() before install(): the flag already counts, and uninstall() puts back its
+    setter and stops following it."""
+    import types
+
+    framework = types.ModuleType("cgg_early_framework")
+
+    def set_capture_ok(value: bool) -> None:
+        framework.capture_ok = value  # type: ignore[attr-defined]
+
+    framework.capture_ok = False  # type: ignore[attr-defined]
+    framework.set_capture_ok = set_capture_ok  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cgg_early_framework", framework)
+    cgguard.follow_flag("cgg_early_framework", "capture_ok", setter="set_capture_ok")
+    before = (cgguard.is_capture_enabled(), cgguard.status().followed)
+    cgguard.uninstall()
+    after = (cgguard.is_capture_enabled(), framework.set_capture_ok is set_capture_ok)  # type: ignore[attr-defined]
+    cgguard.install(cgguard.Config(vllm_bridge=False))
+    assert (before, after, cgguard.status().followed) == (
+        (False, ("cgg_early_framework.capture_ok",)),
+        (True, True),
+        (),
+    )

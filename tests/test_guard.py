@@ -685,3 +685,26 @@ def test_a_guard_built_alone_shares_nothing_with_the_process() -> None:
         True,
         True,
     )
+
+
+def test_a_synchronize_hook_with_no_caller_frame_warns_and_goes_on(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A synchronize hook run straight from C (no Python caller) cannot take a stack: one line,
+    and the synchronize runs."""
+    import _thread
+
+    cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
+    mine = record(threading.get_ident())
+    guard().active[mine[0]] = mine
+    # Whichever thread synchronizes is taken as capturing: the raw thread's id is not known
+    # before it runs.
+    monkeypatch.setattr(_guard, "find_sync_violation", lambda thread, active: mine)
+    done = threading.Event()
+    sync = guard().make_device_sync(done.set)
+    _thread.start_new_thread(sync, ())  # sync is the thread's first and only Python frame
+    assert done.wait(timeout=20)
+    assert capsys.readouterr().err == (
+        "cgguard: internal error while checking a synchronize, not checked: "
+        "ValueError('call stack is not deep enough')\n"
+    )

@@ -16,7 +16,7 @@ import wrapt
 import cgguard
 from cgguard import _patches
 from cgguard._guard import FLAG
-from cgguard._install import Capture
+from cgguard._install import CaptureInfo
 from cgguard.testing import simulated_cuda
 
 
@@ -349,7 +349,7 @@ def test_status_says_what_cgguard_is_doing() -> None:
         followed=(),
         waiting_to_follow=("cgg_not_imported_framework", "vllm.compilation.monitor"),
         capture_enabled=False,
-        captures=(Capture(threading.get_ident(), "CUDAGraph.capture_begin", "relaxed"),),
+        captures=(CaptureInfo(threading.get_ident(), "CUDAGraph.capture_begin", "relaxed"),),
         violations={"sync_during_capture": 1},
         config=config,
     )
