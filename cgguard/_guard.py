@@ -276,10 +276,11 @@ class Guard:
         if self.retired:
             return record, ()
         try:
-            active = list(self.active.items())
-            found = find_violations(
-                self.is_capture_enabled(), record[1], mode, [r for _, r in active]
-            )
+            # Keys first: a capture begun between the two reads is checked now and, not being
+            # among the keys, once more at capture_begin; none is missed.
+            seen = tuple(self.active)
+            enabled = self.flag.enabled and (not self.follows or self.is_capture_enabled())
+            found = find_violations(enabled, record[1], mode, list(self.active.values()))
         except Exception as exc:
             warn_once(
                 "guard:begin", f"internal error while checking a capture, not checked: {exc!r}"
@@ -289,7 +290,7 @@ class Guard:
             error = self._violated(found, api, stack, refuse=True)
             if error is not None:
                 raise error
-        return record, tuple(key for key, _ in active)
+        return record, seen
 
     def _recheck_concurrent(self, begun: Record, seen: tuple[int, ...]) -> None:
         """Report a capture another thread began while torch.cuda.graph prepared ``begun``.
@@ -347,19 +348,23 @@ class Guard:
         Refusal is decided first, from the configuration alone. With ``refuse`` false (too late
         to refuse), a raise action is reported as logged.
         """
-        acting = [(rule, cause, self.config.action(rule)) for rule, cause in found]
-        acting = [(rule, cause, action) for rule, cause, action in acting if action != "off"]
-        refusing = [rule for rule, _, action in acting if refuse and action == "raise"]
+        acting: list[tuple[str, Record | None, Action]] = []
+        refusing: str | None = None
+        for rule, cause in found:
+            action = self.config.action(rule)
+            if action != "off":
+                acting.append((rule, cause, action))
+                if refuse and action == "raise" and refusing is None:
+                    refusing = rule
         try:
             return self._report_each(acting, api, stack, refuse=refuse)
         except Exception as exc:
             warn_once("guard:report", f"internal error while reporting a violation: {exc!r}")
-            if not refusing:
+            if refusing is None:
                 return None
-            rule = RULES[refusing[0]]
             # Refused all the same, with what is known without the report.
-            message = f"{rule.name}: {api} refused (cgguard could not build the report: {exc!r})"
-            return rule.error(message, {"rule": rule.name, "api": api})
+            message = f"{refusing}: {api} refused (cgguard could not build the report: {exc!r})"
+            return RULES[refusing].error(message, {"rule": refusing, "api": api})
 
     def _report_each(
         self,
