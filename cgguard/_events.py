@@ -23,7 +23,15 @@ if TYPE_CHECKING:
 _RANK_VARIABLES = (("RANK", "rank"), ("LOCAL_RANK", "local_rank"), ("WORLD_SIZE", "world_size"))
 
 
-class ViolationEvent(TypedDict):
+class _Ranked(TypedDict):
+    """The keys a distributed job's events and reports carry, where the launcher set them."""
+
+    rank: NotRequired[int | str]
+    local_rank: NotRequired[int | str]
+    world_size: NotRequired[int | str]
+
+
+class ViolationEvent(_Ranked):
     """``cgguard.capture_violation``: one violation, in full, or a repeat at its site, briefly."""
 
     event: str
@@ -36,9 +44,6 @@ class ViolationEvent(TypedDict):
     thread: str
     thread_id: int | None
     pid: int
-    rank: NotRequired[int | str]
-    local_rank: NotRequired[int | str]
-    world_size: NotRequired[int | str]
     timestamp: str
     stack: NotRequired[list[FrameInfo]]
     outer_stack: NotRequired[list[FrameInfo]]
@@ -59,15 +64,12 @@ class SiteCount(TypedDict):
     function: str | None
 
 
-class SummaryEvent(TypedDict):
+class SummaryEvent(_Ranked):
     """``cgguard.summary``: the run's counts per rule and per site, at exit."""
 
     event: str
     level: str
     pid: int
-    rank: NotRequired[int | str]
-    local_rank: NotRequired[int | str]
-    world_size: NotRequired[int | str]
     timestamp: str
     totals: dict[str, int]
     sites: list[SiteCount]
@@ -81,16 +83,13 @@ class ReportViolation(TypedDict):
     first: ViolationEvent
 
 
-class ReportDocument(TypedDict):
+class ReportDocument(_Ranked):
     """The JSON report."""
 
     cgguard: str
     python: str
     torch: str | None
     pid: int
-    rank: NotRequired[int | str]
-    local_rank: NotRequired[int | str]
-    world_size: NotRequired[int | str]
     written_at: str
     config: dict[str, object]
     totals: dict[str, int]
