@@ -130,7 +130,7 @@ class Guard:
         self.flag = flag
         self.listeners = listeners
         self.log = log  # None: say nothing
-        self.report = report  # written whenever a violation is first seen at a site
+        self.report = report  # told of every violation counted; it writes in its own thread
         self.ledger = Ledger()
         # What cgguard._patches put on torch: its entry points, and torch._C._cuda_synchronize,
         # which comes and goes with the simulated runtime on CPU builds.
@@ -160,7 +160,7 @@ class Guard:
         self.active.clear()
         self.entering.clear()
         if self.report is not None:
-            self.report.forget_lock()
+            self.report.after_fork(self.ledger)
 
     def is_capture_enabled(self) -> bool:
         """cgguard's flag and every followed flag allow a capture now."""
@@ -388,9 +388,9 @@ class Guard:
                 event = self._event(rule, api, stack, cause, action=taken, count=count)
                 if count == 1:
                     site.first = event
-                    if self.report is not None:
-                        self.report.write(self.ledger)
                 self._publish(event)
+            if self.report is not None:
+                self.report.changed(new_site=count == 1)
             if self.log is not None:
                 if count == 1 and event is not None:
                     self.log.emit(event)

@@ -97,7 +97,7 @@ def uninstall() -> None:
         guard.device_sync.restore()
         guard.patches.restore()
         if guard.report is not None:
-            guard.report.write(guard.ledger)
+            guard.report.close()
         if guard.log is not None:
             guard.log.close()
         guard.active.clear()
@@ -145,14 +145,16 @@ def status() -> Status:
 def _configure(guard: Guard | None, config: Config) -> Guard:
     """The installation, built from ``config``, or switched to it."""
     log = EventLog(config.log_format, config.log_file, target=config.target())
-    report = ReportFile(config) if config.report is not None else None
     if guard is None:
-        guard = _guard.current = Guard(config, log=log, report=report)
+        guard = _guard.current = Guard(config, log=log)
     else:
         # Switched in place: the hooks already on torch are bound to this very object.
         if guard.log is not None:
             guard.log.close()
-        guard.config, guard.log, guard.report = config, log, report
+        if guard.report is not None:
+            guard.report.close()
+        guard.config, guard.log = config, log
+    guard.report = ReportFile(config, guard.ledger) if config.report is not None else None
     if config.capture is not None:
         FLAG.set(config.capture == "enabled", None)
     _follow.follow_vllm(config.vllm_bridge)
@@ -185,7 +187,7 @@ def _at_exit() -> None:
         if guard.ledger.sites() and guard.log is not None:
             guard.log.emit(_events.summary(guard.ledger))
         if guard.report is not None:
-            guard.report.write(guard.ledger)
+            guard.report.close()
     except Exception as exc:
         warn_once("exit", f"could not write the exit summary: {exc!r}")
 

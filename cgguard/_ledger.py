@@ -62,6 +62,10 @@ class Ledger:
             site.count += 1
             return site, site.count
 
+    def __len__(self) -> int:
+        """How many sites have been seen."""
+        return len(self._sites)
+
     def sites(self) -> list[Site]:
         """Every site seen, in the order first seen."""
         with self._lock:

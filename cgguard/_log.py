@@ -49,7 +49,14 @@ class _FileSink:
     def msg(self, message: str) -> None:
         if self.fd is None:
             self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.write(self.fd, (message + "\n").encode("utf-8", "backslashreplace"))
+        data = memoryview((message + "\n").encode("utf-8", "backslashreplace"))
+        # write(2) may write less than asked (a disk nearly full): finish the line, or fail,
+        # which EventLog reports once before going on with stderr.
+        while data:
+            written = os.write(self.fd, data)
+            if written <= 0:
+                raise OSError(f"wrote {written} of {len(data)} bytes")
+            data = data[written:]
 
     error = warning = msg
 
@@ -151,7 +158,8 @@ class EventLog:
         processors: list[Processor] | None = None,
     ) -> None:
         self.log_format = log_format
-        self.log_file = log_file
+        # Resolved once: a program that changes directory must not scatter its log.
+        self.log_file = os.path.abspath(log_file) if log_file else log_file
         self.target = target or ("file" if log_file else "stderr")
         self._processors = processors
         self._sink: _StderrSink | _FileSink | _LoggingSink | None = None

@@ -432,3 +432,53 @@ def test_structlog_is_imported_at_the_first_emit() -> None:
     )
     expected = ("False\nTrue\n", '{"event": "e", "level": "error"}\n')
     assert expected == (result.stdout, result.stderr)
+
+
+def test_a_short_write_is_finished(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """write(2) writing fewer bytes than asked (a disk nearly full): the line is finished."""
+    import cgguard._log as log_module
+
+    real_write = os.write
+
+    def short_write(fd: int, data: bytes) -> int:
+        return real_write(fd, bytes(data[:7]))  # at most 7 bytes at a time
+
+    path = tmp_path / "events.jsonl"
+    log = EventLog("json", str(path))
+    monkeypatch.setattr(log_module.os, "write", short_write)
+    log.emit(nested_event())
+    monkeypatch.undo()
+    log.close()
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [nested_event()]
+
+
+def test_a_write_that_cannot_finish_warns_and_goes_to_stderr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """write(2) that writes nothing: one warning naming the file, and the event on stderr."""
+    import cgguard._log as log_module
+
+    path = tmp_path / "events.jsonl"
+    log = EventLog("json", str(path))
+    monkeypatch.setattr(log_module.os, "write", lambda fd, data: 0)
+    log.emit(nested_event())
+    monkeypatch.undo()
+    log.close()
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"cgguard: cannot write to log file {str(path)!r} (wrote 0 of ")
+    assert err[0].endswith("); events go to stderr")
+    assert json.loads(err[1]) == nested_event()
+
+
+def test_a_relative_log_file_is_resolved_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative log file names one file, even if the program changes directory first."""
+    monkeypatch.chdir(tmp_path)
+    log = EventLog("json", "events.jsonl")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    log.emit(nested_event())
+    log.close()
+    assert (tmp_path / "events.jsonl").is_file()
+    assert os.listdir(tmp_path / "elsewhere") == []

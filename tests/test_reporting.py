@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -190,6 +191,19 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     text = path.read_text()
     assert text == "" or text.endswith("\n")
     return [json.loads(line) for line in text.splitlines()]
+
+
+def report_when(path: Path, totals: dict[str, int], timeout: float = 5.0) -> dict[str, Any]:
+    """The report once it holds ``totals``: cgguard's own thread writes it within a second."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            document = read_report(path)
+        except (OSError, ValueError):
+            document = {}
+        if document.get("totals") == totals or time.monotonic() > deadline:
+            return document
+        time.sleep(0.02)
 
 
 def read_report(path: Path) -> dict[str, Any]:
@@ -555,8 +569,8 @@ def test_report_is_kept_current_as_distinct_violations_appear(
     first_a, first_b = disabled_event(a, 1, **ranks), disabled_event(b, 1, **ranks)
     seen = []
 
-    def current() -> dict[str, Any]:
-        document = read_report(report)
+    def current(totals: int) -> dict[str, Any]:
+        document = report_when(report, {"capture_disabled": totals})
         document["violations"] = [
             v | {"first": stamped(v["first"])} for v in document["violations"]
         ]
@@ -565,13 +579,13 @@ def test_report_is_kept_current_as_distinct_violations_appear(
     for n in range(3):
         violate(here())  # report-a
         if n == 0:
-            seen.append(current())
+            seen.append(current(1))
     for n in range(2):
         violate(here())  # report-b
         if n == 0:
-            seen.append(current())
+            seen.append(current(4))
     cgguard.uninstall()
-    seen.append(current())
+    seen.append(current(5))
     assert seen == [
         report_document(
             config,
@@ -926,3 +940,162 @@ def test_logging_target_from_the_environment_carries_the_summary(tmp_path: Path)
             summary_event({"capture_disabled": 1}, [summary_site(site, 1)], pid=child["pid"]),
         ),
     ]
+
+
+# --- a report that never damages anything, and stays true ----------------------------------
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_a_report_path_that_is_not_a_regular_file_is_left_alone(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A FIFO or a symlink at the report path is never replaced: one warning, no write."""
+    path, target = tmp_path / "report.json", tmp_path / "elsewhere.txt"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        target.write_text("the link's target\n")
+        path.symlink_to(target)
+    cgguard.install(
+        cgguard.Config(mode="log", log_file=os.devnull, report=str(path), capture="disabled")
+    )
+    violate(here())
+    cgguard.uninstall()
+    kept = path.is_fifo() if kind == "fifo" else path.is_symlink()
+    assert (kept, sorted(p.name for p in tmp_path.iterdir())) == (
+        True,
+        sorted({"report.json", *(["elsewhere.txt"] if kind == "symlink" else [])}),
+    )
+    if kind == "symlink":
+        assert target.read_text() == "the link's target\n"
+    assert capsys.readouterr().err == (
+        f"cgguard: not writing the report {str(path)!r}: it is not a regular file\n"
+    )
+
+
+def test_a_relative_report_path_is_resolved_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative report path names one file, wherever the program moves afterwards."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    monkeypatch.chdir(first)
+    cgguard.install(
+        cgguard.Config(mode="log", log_file=os.devnull, report="r.json", capture="disabled")
+    )
+    violate(here())
+    monkeypatch.chdir(second)
+    violate(here())  # another site, written after the move
+    cgguard.uninstall()
+    assert (os.listdir(first), os.listdir(second)) == (["r.json"], [])
+    assert read_report(first / "r.json")["totals"] == {"capture_disabled": 2}
+
+
+def test_counts_reach_the_report_within_a_second(tmp_path: Path) -> None:
+    """Repeats at a known site are on disk within a second, with no exit and no new site."""
+    report = tmp_path / "report.json"
+    cgguard.install(
+        cgguard.Config(mode="log", log_file=os.devnull, report=str(report), capture="disabled")
+    )
+    stack = here()
+    for _ in range(50):
+        violate(stack)
+    began = time.monotonic()
+    document = report_when(report, {"capture_disabled": 50}, timeout=5)
+    waited = time.monotonic() - began
+    assert (document["totals"], document["violations"][0]["count"]) == (
+        {"capture_disabled": 50},
+        50,
+    )
+    assert waited < 1.0
+
+
+def test_the_capturing_thread_stops_writing_once_the_report_is_large(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the first sites, new sites are written by cgguard's own thread: the capturing
+    thread's cost for a new site does not grow with the sites already seen."""
+    from cgguard._report import WRITTEN_AT_ONCE
+
+    report = tmp_path / "report.json"
+    cgguard.install(
+        cgguard.Config(mode="log", log_file=os.devnull, report=str(report), capture="disabled")
+    )
+    built_here: list[int] = []
+    build = _report.document
+
+    def counted(*args: Any) -> _events.ReportDocument:
+        if threading.current_thread() is threading.main_thread():
+            built_here.append(1)
+        return build(*args)
+
+    monkeypatch.setattr(_report, "document", counted)
+    sites = WRITTEN_AT_ONCE * 4
+    code = here()[0]
+    for n in range(sites):
+        violate((code, 2 * n))  # a site per instruction of this function
+    assert len(built_here) == WRITTEN_AT_ONCE
+    assert report_when(report, {"capture_disabled": sites})["totals"] == {"capture_disabled": sites}
+
+
+def test_a_process_without_violations_keeps_another_process_s_report(tmp_path: Path) -> None:
+    """A shared report path (no {pid}) holding another process's violations is not replaced by
+    an empty report at exit or uninstall."""
+    report = tmp_path / "report.json"
+    held = {"pid": 1, "totals": {"nested_capture": 3}, "violations": [{"rule": "nested_capture"}]}
+    report.write_text(json.dumps(held))
+    cgguard.install(cgguard.Config(log_file=os.devnull, report=str(report)))
+    cgguard.uninstall()
+    assert json.loads(report.read_text()) == held
+
+
+def test_a_child_sharing_its_parent_s_report_path_is_warned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A process whose report path has no {pid}, started by one that writes the same path, is
+    told so once; the first process marks the environment its children inherit."""
+    from cgguard._report import OWNER
+
+    path = str(tmp_path / "report.json")
+    monkeypatch.delenv(OWNER, raising=False)
+    cgguard.install(cgguard.Config(log_file=os.devnull, report=path))
+    assert (os.environ[OWNER], capsys.readouterr().err) == (str(os.getpid()), "")
+    cgguard.uninstall()
+    monkeypatch.setenv(OWNER, "4242")  # as a child of process 4242 would see it
+    cgguard.install(cgguard.Config(log_file=os.devnull, report=path))
+    assert capsys.readouterr().err == (
+        f"cgguard: the report path {path!r} has no {{pid}}: this process ({os.getpid()}) and "
+        "process 4242, which started it, write the same file; put {pid} in the path to keep "
+        "one report per process\n"
+    )
+
+
+KILLED_AFTER_REPEATS = (
+    PRELUDE
+    + """
+import time
+
+cgguard.install(
+    cgguard.Config(mode="log", log_file=os.devnull, report=sys.argv[1], capture="disabled")
+)
+for _ in range(50):
+    violate()  # repeated
+time.sleep(1.0)
+os.kill(os.getpid(), signal.SIGTERM)
+"""
+)
+
+
+@pytest.mark.subprocess
+def test_a_killed_worker_s_report_holds_its_counts(tmp_path: Path) -> None:
+    """50 violations, then SIGTERM a second later: the report holds all 50, not the first."""
+    program, _ = write_program(tmp_path, "repeating_program.py", KILLED_AFTER_REPEATS)
+    report = tmp_path / "report.json"
+    result = run_program(program, str(report))
+    assert (result.returncode, result.stderr) == (-signal.SIGTERM, "")
+    document = read_report(report)
+    assert (document["totals"], [v["count"] for v in document["violations"]]) == (
+        {"capture_disabled": 50},
+        [50],
+    )
