@@ -11,6 +11,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from cgguard._config import Config
     from cgguard._errors import (
+        AbandonedCaptureError,
         CaptureDisabledError,
         CaptureViolation,
         CgguardError,
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from cgguard._version import __version__
 
 __all__ = [
+    "AbandonedCaptureError",
     "CaptureDisabledError",
     "CaptureViolation",
     "CgguardError",
@@ -53,6 +55,7 @@ __all__ = [
 
 _HOMES = {
     "Config": "_config",
+    "AbandonedCaptureError": "_errors",
     "CaptureDisabledError": "_errors",
     "CaptureViolation": "_errors",
     "CgguardError": "_errors",

@@ -51,3 +51,9 @@ class SyncDuringCaptureError(CaptureViolation):
     """A synchronize was called on a thread that is capturing."""
 
     rule = "sync_during_capture"
+
+
+class AbandonedCaptureError(CaptureViolation):
+    """A thread ended while a capture it began was active (reported, never raised)."""
+
+    rule = "abandoned_capture"

@@ -115,10 +115,13 @@ def timestamp(now: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
 
 
-def _common(rule: str, api: str, action: str, count: int) -> dict[str, object]:
-    """The keys every violation event starts with, in schema order."""
+def _common(
+    rule: str, api: str, action: str, count: int, thread: threading.Thread | None = None
+) -> dict[str, object]:
+    """The keys every violation event starts with, in schema order; ``thread`` where it
+    happened, if not the calling thread."""
     now = time.time()
-    thread = threading.current_thread()
+    thread = thread or threading.current_thread()
     event: dict[str, object] = {
         "event": "cgguard.capture_violation",
         "level": "error" if action == "raised" else "warning",
@@ -145,6 +148,7 @@ def violation(
     *,
     action: str,
     count: int,
+    thread: threading.Thread | None = None,
 ) -> ViolationEvent:
     """A violation as the full event the README documents.
 
@@ -152,11 +156,12 @@ def violation(
     ``where`` completed here from the cause's stack when there is one.
     """
     spec = RULES[rule]
-    event = _common(rule, api, action, count)
+    event = _common(rule, api, action, count, thread)
     frames = render(stack)
     event["stack"] = frames
     cause_frames = render(cause_stack) if cause_stack is not None else None
-    event[spec.cause_key] = cause_frames
+    if spec.cause_key is not None:
+        event[spec.cause_key] = cause_frames
     if rule == "concurrent_capture":
         event["other_thread_id"] = cause.thread_id
     if cause_frames is not None:

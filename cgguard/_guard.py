@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from threading import get_ident
+from threading import Thread, current_thread, get_ident
 from typing import TYPE_CHECKING, Any
 
 from cgguard import _events
@@ -42,8 +42,10 @@ API_EVENT_SYNCHRONIZE = "Event.synchronize"
 
 # A capture that has begun, as the capture path keeps it: a plain tuple, since anything with a
 # constructor of its own costs several times a tuple display, and most records are never read.
-# (id() of the CUDAGraph, thread id, api, capture_error_mode, where it began)
-Record = tuple[int, int, str, str, "Snapshot | LiveStack"]
+# (id() of the CUDAGraph, the thread that began it, api, capture_error_mode, where it began).
+# The thread itself, not its id: ids are reused as soon as a thread exits, and a capture left
+# by a dead thread must not make the next thread with its id look nested.
+Record = tuple[int, Thread, str, str, "Snapshot | LiveStack"]
 
 Found = list[tuple[str, "Record | None"]]  # (rule, the capture that caused it, if any)
 
@@ -269,12 +271,13 @@ class Guard:
         self, api: str, key: int, mode: str, stack: Snapshot | LiveStack
     ) -> tuple[Record, tuple[int, ...]]:
         """check_begin(), with the keys of the active captures the attempt was checked against."""
-        record = (key, get_ident(), api, mode, stack)
+        record = (key, current_thread(), api, mode, stack)
         # The common case costs three reads: nothing capturing, capture enabled, no followed flag.
         if not self.active and self.flag.enabled and not self.follows:
             return record, ()
         if self.retired:
             return record, ()
+        self._drop_abandoned()
         try:
             # Keys first: a capture begun between the two reads is checked now and, not being
             # among the keys, once more at capture_begin; none is missed.
@@ -300,6 +303,7 @@ class Guard:
         _, thread, api, mode, stack = begun
         if self.retired:
             return
+        self._drop_abandoned()
         try:
             since = [r for k, r in list(self.active.items()) if k not in seen]
             found = [
@@ -317,12 +321,13 @@ class Guard:
 
     def check_sync(self, api: str) -> None:
         """Check a synchronize made by the caller's caller; report, maybe raise, before CUDA."""
-        thread = get_ident()
         if self.retired:
             return
+        self._drop_abandoned()
+        ident, thread = get_ident(), current_thread()
         try:
             if self.config.action("nested_capture") != "off" and any(
-                entering_thread == thread for entering_thread, _ in list(self.entering)
+                entering_thread == ident for entering_thread, _ in list(self.entering)
             ):
                 # torch.cuda.graph.__enter__'s own synchronize, inside this thread's capture:
                 # reported already, as the nested capture it is part of.
@@ -339,6 +344,19 @@ class Guard:
         error = self._violated([("sync_during_capture", cause)], api, stack, refuse=True)
         if error is not None:
             raise error
+
+    def _drop_abandoned(self) -> None:
+        """Forget, and report once, the captures of threads that have ended."""
+        try:
+            dead = [(k, r) for k, r in list(self.active.items()) if not r[1].is_alive()]
+        except Exception as exc:
+            warn_once("guard:threads", f"internal error while checking threads: {exc!r}")
+            return
+        for key, record in dead:
+            # Popped first: of two threads that find it, one reports it.
+            if self.active.get(key) is record and self.active.pop(key, None) is record:
+                _, _, api, _, stack = record
+                self._violated([("abandoned_capture", record)], api, stack, refuse=False)
 
     def _violated(
         self, found: Found, api: str, stack: Snapshot | LiveStack, *, refuse: bool
@@ -403,9 +421,15 @@ class Guard:
     def _event(
         self, rule: str, api: str, stack: Snapshot, cause: Record | None, *, action: str, count: int
     ) -> ViolationEvent:
+        if rule == "abandoned_capture" and cause is not None:
+            thread = cause[1]
+            told = Cause(f"thread {thread.name!r} ({thread.ident})", thread.ident, cause[3])
+            return _events.violation(
+                rule, api, stack, None, told, action=action, count=count, thread=thread
+            )
         if cause is not None:
             _, thread, began_by, mode, began_at = cause
-            told = Cause(f"begun at {{where}} via {began_by}", thread, mode)
+            told = Cause(f"begun at {{where}} via {began_by}", thread.ident, mode)
             return _events.violation(
                 rule, api, stack, resolve(began_at), told, action=action, count=count
             )
@@ -446,15 +470,15 @@ class Guard:
                 warn_once("listener", f"a violation listener failed: {exc!r}")
 
 
-def find_violations(enabled: bool, thread_id: int, mode: str, active: Iterable[Record]) -> Found:
-    """The rules a capture attempt on ``thread_id`` in ``mode`` breaks, each with its cause."""
+def find_violations(enabled: bool, thread: Thread, mode: str, active: Iterable[Record]) -> Found:
+    """The rules a capture attempt on ``thread`` in ``mode`` breaks, each with its cause."""
     found: Found = []
     if not enabled:
         found.append(("capture_disabled", None))
     nested = concurrent = None
     for record in active:
-        _, thread, _, other_mode, _ = record
-        if thread == thread_id:
+        _, other, _, other_mode, _ = record
+        if other == thread:
             nested = nested or record
         elif "global" in (mode, other_mode):
             # CUDA's global mode: one thread's unsafe call invalidates another's capture.
@@ -466,10 +490,10 @@ def find_violations(enabled: bool, thread_id: int, mode: str, active: Iterable[R
     return found
 
 
-def find_sync_violation(thread_id: int, active: Iterable[Record]) -> Record | None:
-    """The capture a synchronize on ``thread_id`` would break, if any."""
+def find_sync_violation(thread: Thread, active: Iterable[Record]) -> Record | None:
+    """The capture a synchronize on ``thread`` would break, if any."""
     for record in active:
-        if record[1] == thread_id:  # its thread
+        if record[1] == thread:  # its thread
             return record
     return None
 

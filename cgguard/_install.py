@@ -134,7 +134,7 @@ def status() -> Status:
             waiting_to_follow=tuple(_follow.waiting()),
             capture_enabled=guard.is_capture_enabled(),
             captures=tuple(
-                CaptureInfo(thread, api, mode)
+                CaptureInfo(thread.ident or 0, api, mode)
                 for _, thread, api, mode, _ in list(guard.active.values())
             ),
             violations=guard.ledger.totals(),

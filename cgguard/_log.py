@@ -115,7 +115,7 @@ def _stacks_as_text(_: object, __: str, event_dict: MutableMapping[str, Any]) ->
         return event_dict  # a repeat or a summary: no stacks to fold
     frames: list[FrameInfo] = event_dict.pop("stack")
     blocks = [f"{rule.attempt_title}\n" + format_frames(frames)]
-    if rule.cause_key in event_dict:
+    if rule.cause_key is not None and rule.cause_key in event_dict:
         cause: list[FrameInfo] | None = event_dict.pop(rule.cause_key)
         body = format_frames(cause) if cause is not None else "  (by configuration at start)"
         blocks.append(f"{rule.cause_title}\n{body}")

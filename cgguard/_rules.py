@@ -8,6 +8,7 @@ titles and the exception raised all come from this table.
 # Read at start-up whenever a CGGUARD_* variable other than a plain CGGUARD_ENABLED=1 is set:
 # standard library only, no ``typing``.
 from cgguard._errors import (
+    AbandonedCaptureError,
     CaptureDisabledError,
     CaptureViolation,
     ConcurrentCaptureError,
@@ -56,7 +57,7 @@ class Rule:
         error: "type[CaptureViolation]",
         *,
         diagnostic: bool,
-        cause_key: str,
+        cause_key: "str | None",
         cause_title: str,
         attempt_title: str,
         message: "Callable[[str, Cause], str]",
@@ -65,7 +66,8 @@ class Rule:
         self.error = error
         # A diagnostic logs whatever the global mode; the others take the mode (raise or log).
         self.diagnostic = diagnostic
-        # The event key that holds the cause's stack, and its title in the console rendering.
+        # The event key that holds the cause's stack, and its title in the console rendering;
+        # None for a rule whose only stack is the offending one.
         self.cause_key = cause_key
         self.cause_title = cause_title
         self.attempt_title = attempt_title  # the console title of the offending call's stack
@@ -110,6 +112,14 @@ def _sync(head: str, cause: Cause) -> str:
     )
 
 
+def _abandoned(head: str, cause: Cause) -> str:
+    return (
+        f"Abandoned CUDA graph capture: {head} began a capture on {cause.where}, which ended "
+        f"while the capture was active. cgguard no longer counts it; CUDA may still be "
+        f"capturing on its stream."
+    )
+
+
 _ATTEMPT = "The capture was attempted at (most recent call last):"
 
 RULES: "dict[str, Rule]" = {
@@ -146,6 +156,16 @@ RULES: "dict[str, Rule]" = {
             cause_title="This thread's capture began at (most recent call last):",
             attempt_title="The synchronize was called at (most recent call last):",
             message=_sync,
+        ),
+        # Found when cgguard next looks at the active captures: there is nothing to refuse, so
+        # it is reported and never raised.
+        Rule(
+            AbandonedCaptureError,
+            diagnostic=True,
+            cause_key=None,
+            cause_title="",
+            attempt_title="The abandoned capture began at (most recent call last):",
+            message=_abandoned,
         ),
     )
 }

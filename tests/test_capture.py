@@ -435,7 +435,7 @@ def test_capture_begun_while_torch_prepares_another_is_concurrent(
             monkeypatch.setitem(sys.modules, "cgg_framework", framework)
             cgguard.follow_flag("cgg_framework", "capture_ok")
             assert cgguard.status().followed == ("cgg_framework.capture_ok",)
-        in_window, b_began = threading.Event(), threading.Event()
+        in_window, b_began, release = threading.Event(), threading.Event(), threading.Event()
         empty_cache = torch._C._host_emptyCache
 
         def slow_empty_cache() -> None:
@@ -457,15 +457,20 @@ def test_capture_begun_while_torch_prepares_another_is_concurrent(
             with torch.cuda.stream(b_stream):
                 b_graph.capture_begin(capture_error_mode="thread_local")
             b_began.set()
+            # Alive until its capture ends: a capture whose thread ended is abandoned.
+            assert release.wait(timeout=20)
 
         a = threading.Thread(target=_keep_error, args=(thread_a,), name="A")
         a.start()
+        b = run_in_thread(thread_b)
         try:
-            join_all(run_in_thread(thread_b), a)
+            join_all(a)
         finally:
             torch._C._host_emptyCache = empty_cache
         with torch.cuda.stream(b_stream):
             b_graph.capture_end()
+        release.set()
+        join_all(b)
     assert [(e["rule"], e["api"], e["action"]) for e in events] == [
         ("concurrent_capture", "torch.cuda.graph", "logged")
     ]
@@ -585,6 +590,7 @@ def test_capture_begun_while_another_is_being_reported_is_concurrent(
             with torch.cuda.stream(b_stream):
                 b_graph.capture_begin(capture_error_mode="thread_local")
             b_began.set()
+            assert release.wait(timeout=20)  # alive until its capture ends, as C
 
         def slow_report(event: object) -> None:
             if not started:
@@ -650,3 +656,45 @@ def test_a_hook_held_after_uninstall_lets_everything_through(
             begin(graph)
             graph.capture_end()
     assert events == []
+
+
+@pytest.mark.simulated
+def test_a_capture_left_by_a_thread_that_ended_is_abandoned_not_nested(
+    events: list[dict[str, Any]],
+) -> None:
+    """A thread that ends inside its capture: the capture is reported once as abandoned and
+    dropped; no later capture, on this thread or one reusing its id, is nested or concurrent."""
+    from cgguard.testing import simulated_cuda
+
+    with simulated_cuda():
+        install()
+        idents: list[int] = []
+
+        def leaves_a_capture() -> None:
+            idents.append(threading.get_ident())
+            # Relaxed, so that CUDA lets the other threads' own captures synchronize.
+            with torch.cuda.stream(torch.cuda.Stream()):
+                torch.cuda.CUDAGraph().capture_begin(capture_error_mode="relaxed")  # @abandoned
+
+        def captures() -> None:
+            idents.append(threading.get_ident())
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                pass
+
+        gone = threading.Thread(target=leaves_a_capture, name="leaver")
+        gone.start()
+        gone.join()
+        join_all(run_in_thread(captures))  # often the ended thread's id again
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):  # and on this thread
+            pass
+    abandoned = frame("@abandoned", "leaves_a_capture")
+    assert [(e["rule"], e["thread"], e["thread_id"], e["stack"][-1]) for e in events] == [
+        ("abandoned_capture", "leaver", idents[0], abandoned)
+    ]
+    assert events[0]["message"] == (
+        f"Abandoned CUDA graph capture: CUDAGraph.capture_begin at {__file__}:"
+        f"{abandoned['line']} (in leaves_a_capture) began a capture on thread 'leaver' "
+        f"({idents[0]}), which ended while the capture was active. cgguard no longer counts "
+        "it; CUDA may still be capturing on its stream."
+    )
+    assert cgguard.status().captures == ()

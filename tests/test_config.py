@@ -20,7 +20,13 @@ DEFAULTS = {
     "simulate_cuda": False,
     "vllm_bridge": True,
 }
-RULES = ("capture_disabled", "nested_capture", "concurrent_capture", "sync_during_capture")
+RULES = (
+    "capture_disabled",
+    "nested_capture",
+    "concurrent_capture",
+    "sync_during_capture",
+    "abandoned_capture",
+)
 
 
 def test_defaults() -> None:
@@ -93,17 +99,20 @@ def test_every_field_set() -> None:
         (
             {"rules": {"nested": "off"}},
             "Config(rules={'nested': 'off'}): accepted rules are capture_disabled, "
-            "nested_capture, concurrent_capture, sync_during_capture; actions are raise, log, off",
+            "nested_capture, concurrent_capture, sync_during_capture, abandoned_capture; "
+            "actions are raise, log, off",
         ),
         (
             {"rules": {"nested_capture": "warn"}},
             "Config(rules={'nested_capture': 'warn'}): accepted rules are capture_disabled, "
-            "nested_capture, concurrent_capture, sync_during_capture; actions are raise, log, off",
+            "nested_capture, concurrent_capture, sync_during_capture, abandoned_capture; "
+            "actions are raise, log, off",
         ),
         (
             {"rules": {"sync_during_capture": "OFF"}},
             "Config(rules={'sync_during_capture': 'OFF'}): accepted rules are capture_disabled, "
-            "nested_capture, concurrent_capture, sync_during_capture; actions are raise, log, off",
+            "nested_capture, concurrent_capture, sync_during_capture, abandoned_capture; "
+            "actions are raise, log, off",
         ),
     ],
 )
@@ -162,6 +171,7 @@ def test_equal_configs_hash_equal() -> None:
                 "nested_capture": "raise",
                 "concurrent_capture": "log",
                 "sync_during_capture": "log",
+                "abandoned_capture": "log",
             },
         ),
         (
@@ -171,6 +181,7 @@ def test_equal_configs_hash_equal() -> None:
                 "nested_capture": "log",
                 "concurrent_capture": "log",
                 "sync_during_capture": "log",
+                "abandoned_capture": "log",
             },
         ),
     ],
@@ -197,6 +208,7 @@ def test_action_set_per_rule_wins_over_mode(mode: str) -> None:
         "nested_capture": mode,
         "concurrent_capture": "raise",
         "sync_during_capture": "off",
+        "abandoned_capture": "log",
     }
     assert expected == {rule: config.action(rule) for rule in RULES}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+from typing import Any
 
 import pytest
 from helpers import DISABLED_SENTENCE, SourceFile
@@ -73,18 +74,39 @@ def _no_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+class AliveThread:
+    """Stands in for another thread, alive: what cgguard reads of a threading.Thread."""
+
+    def __init__(self, ident: int) -> None:
+        self.ident = ident
+        self.name = f"thread-{ident}"
+
+    def is_alive(self) -> bool:
+        return True
+
+
+_threads: dict[int, Any] = {}
+
+
+def thread(ident: int) -> Any:
+    """This thread for its own id; a stand-in, one per id, for any other."""
+    if ident == threading.get_ident():
+        return threading.current_thread()
+    return _threads.setdefault(ident, AliveThread(ident))
+
+
 def record(thread_id: int, key: int = 1, mode: str = "global") -> Record:
-    return (key, thread_id, _guard.API_GRAPH, mode, stack_of(outer_begins))
+    return (key, thread(thread_id), _guard.API_GRAPH, mode, stack_of(outer_begins))
 
 
 def test_nothing_broken_when_enabled_and_idle() -> None:
     """Capture enabled and nothing active: no rule is broken."""
-    assert find_violations(True, 7, "global", []) == []
+    assert find_violations(True, thread(7), "global", []) == []
 
 
 def test_disabled_breaks_capture_disabled() -> None:
     """Capture disabled: the capture_disabled rule, with no record behind it."""
-    assert find_violations(False, 7, "global", []) == [(CAPTURE_DISABLED, None)]
+    assert find_violations(False, thread(7), "global", []) == [(CAPTURE_DISABLED, None)]
 
 
 @pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
@@ -92,8 +114,9 @@ def test_active_capture_on_same_thread_is_nested(mode: str) -> None:
     """A capture active on the same thread: nested_capture naming it, whatever either's mode."""
     mine = record(7, 2, mode=mode)
     others = record(8, 1, mode="thread_local")
-    assert find_violations(True, 7, mode, [mine]) == [(NESTED_CAPTURE, mine)]
-    assert find_violations(True, 7, "thread_local", [others, mine]) == [(NESTED_CAPTURE, mine)]
+    assert find_violations(True, thread(7), mode, [mine]) == [(NESTED_CAPTURE, mine)]
+    found = find_violations(True, thread(7), "thread_local", [others, mine])
+    assert found == [(NESTED_CAPTURE, mine)]
 
 
 @pytest.mark.parametrize(
@@ -107,7 +130,7 @@ def test_active_capture_on_same_thread_is_nested(mode: str) -> None:
 def test_active_capture_on_other_thread_is_legal(mode: str, other_modes: tuple[str, str]) -> None:
     """Captures active only on other threads, none of them or this one global: no rule broken."""
     active = [record(8, mode=other_modes[0]), record(9, 2, mode=other_modes[1])]
-    assert find_violations(True, 7, mode, active) == []
+    assert find_violations(True, thread(7), mode, active) == []
 
 
 @pytest.mark.parametrize(
@@ -123,14 +146,14 @@ def test_active_capture_on_other_thread_is_legal(mode: str, other_modes: tuple[s
 def test_other_threads_capture_with_global_is_concurrent(mode: str, other_mode: str) -> None:
     """Another thread capturing, either of the two in global mode: concurrent_capture, naming it."""
     other = record(8, mode=other_mode)
-    assert find_violations(True, 7, mode, [other]) == [(CONCURRENT_CAPTURE, other)]
+    assert find_violations(True, thread(7), mode, [other]) == [(CONCURRENT_CAPTURE, other)]
 
 
 def test_concurrent_names_the_first_conflicting_capture() -> None:
     """Several other threads capturing: the first capture that conflicts is the one named."""
     quiet = record(8, 1, mode="thread_local")
     first, second = record(9, 2, mode="global"), record(10, 3, mode="global")
-    assert find_violations(True, 7, "thread_local", [quiet, first, second]) == [
+    assert find_violations(True, thread(7), "thread_local", [quiet, first, second]) == [
         (CONCURRENT_CAPTURE, first)
     ]
 
@@ -138,7 +161,7 @@ def test_concurrent_names_the_first_conflicting_capture() -> None:
 def test_both_rules_reported_in_order() -> None:
     """Disabled and nested at once: both, the process-wide rule first."""
     mine = record(7)
-    assert find_violations(False, 7, "global", [mine]) == [
+    assert find_violations(False, thread(7), "global", [mine]) == [
         (CAPTURE_DISABLED, None),
         (NESTED_CAPTURE, mine),
     ]
@@ -147,7 +170,7 @@ def test_both_rules_reported_in_order() -> None:
 def test_all_three_rules_reported_in_order() -> None:
     """Disabled, nested and concurrent at once: in that order, each with its own cause."""
     mine, other = record(7, 1), record(8, 2)
-    assert find_violations(False, 7, "global", [other, mine]) == [
+    assert find_violations(False, thread(7), "global", [other, mine]) == [
         (CAPTURE_DISABLED, None),
         (NESTED_CAPTURE, mine),
         (CONCURRENT_CAPTURE, other),
@@ -158,12 +181,12 @@ def test_all_three_rules_reported_in_order() -> None:
 def test_sync_on_a_capturing_thread_names_its_capture(mode: str) -> None:
     """A synchronize on a thread with an active capture breaks the rule, naming that capture."""
     mine = record(7, 2, mode=mode)
-    assert find_sync_violation(7, [record(8, 1), mine]) is mine
+    assert find_sync_violation(thread(7), [record(8, 1), mine]) is mine
 
 
 def test_sync_on_a_thread_not_capturing_is_legal() -> None:
     """A synchronize on a thread with no capture of its own breaks no rule."""
-    assert find_sync_violation(7, [record(8, 1), record(9, 2, mode="thread_local")]) is None
+    assert find_sync_violation(thread(7), [record(8, 1), record(9, 2, mode="thread_local")]) is None
 
 
 def test_check_begin_returns_the_record_to_activate() -> None:
@@ -173,7 +196,7 @@ def test_check_begin_returns_the_record_to_activate() -> None:
     got = guard().check_begin(_guard.API_CAPTURE_BEGIN, 42, "relaxed", stack)
     assert got == (
         42,
-        threading.get_ident(),
+        threading.current_thread(),
         "CUDAGraph.capture_begin",
         "relaxed",
         stack,
@@ -230,7 +253,13 @@ def test_disabled_by_configuration_has_null_stack(events: list[dict[str, object]
 def test_nested_event_is_the_documented_schema(events: list[dict[str, object]]) -> None:
     """A nested attempt produces exactly the README's event with the outer capture's stack."""
     cgguard.install(cgguard.Config(mode="log"))
-    outer = (5, threading.get_ident(), _guard.API_CAPTURE_BEGIN, "global", stack_of(outer_begins))
+    outer = (
+        5,
+        threading.current_thread(),
+        _guard.API_CAPTURE_BEGIN,
+        "global",
+        stack_of(outer_begins),
+    )
     guard().active[outer[0]] = outer
     got = guard().check_begin(_guard.API_GRAPH, 6, "global", stack_of(plugin_captures))
     assert got[0] == 6
@@ -263,7 +292,7 @@ def test_nested_event_is_the_documented_schema(events: list[dict[str, object]]) 
 def test_concurrent_event_is_the_documented_schema(events: list[dict[str, object]]) -> None:
     """A capture begun while another thread captures globally: the event names both captures."""
     cgguard.install()
-    other = (5, 12345, _guard.API_GRAPH, "global", stack_of(other_begins))
+    other = (5, thread(12345), _guard.API_GRAPH, "global", stack_of(other_begins))
     guard().active[other[0]] = other
     got = guard().check_begin(
         _guard.API_CAPTURE_BEGIN, 6, "thread_local", stack_of(plugin_captures)
@@ -300,7 +329,13 @@ def test_concurrent_event_is_the_documented_schema(events: list[dict[str, object
 def test_sync_event_is_the_documented_schema(events: list[dict[str, object]]) -> None:
     """A synchronize on a capturing thread: the event says where that thread's capture began."""
     cgguard.install()
-    mine = (5, threading.get_ident(), _guard.API_CAPTURE_BEGIN, "global", stack_of(outer_begins))
+    mine = (
+        5,
+        threading.current_thread(),
+        _guard.API_CAPTURE_BEGIN,
+        "global",
+        stack_of(outer_begins),
+    )
     guard().active[mine[0]] = mine
     user_synchronizes()  # @sync-schema
     (event,) = events
@@ -340,7 +375,7 @@ def test_sync_event_is_the_documented_schema(events: list[dict[str, object]]) ->
 def test_sync_on_a_thread_not_capturing_reports_nothing(events: list[dict[str, object]]) -> None:
     """A synchronize while only another thread captures: no event, nothing counted."""
     cgguard.install(cgguard.Config(rules={"sync_during_capture": "raise"}))
-    other = (5, 12345, _guard.API_GRAPH, "thread_local", stack_of(other_begins))
+    other = (5, thread(12345), _guard.API_GRAPH, "thread_local", stack_of(other_begins))
     guard().active[other[0]] = other
     user_synchronizes()
     assert (events, cgguard.status().violations) == ([], {})
@@ -571,7 +606,13 @@ def test_sync_during_a_relaxed_capture_says_cuda_lets_it_through(
 ) -> None:
     """In relaxed mode CUDA permits a device synchronize: the message says so, not that it fails."""
     cgguard.install()
-    mine = (5, threading.get_ident(), _guard.API_CAPTURE_BEGIN, "relaxed", stack_of(outer_begins))
+    mine = (
+        5,
+        threading.current_thread(),
+        _guard.API_CAPTURE_BEGIN,
+        "relaxed",
+        stack_of(outer_begins),
+    )
     guard().active[mine[0]] = mine
     user_synchronizes()
     (event,) = events

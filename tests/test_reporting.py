@@ -352,7 +352,7 @@ def test_another_rule_at_the_same_line_is_another_site(tmp_path: Path) -> None:
     cgguard.install(cgguard.Config(mode="log", log_file=str(log), capture="disabled"))
     outer_stack = here()  # outer
     assert _guard.current is not None
-    _guard.current.active[7] = (7, threading.get_ident(), API, "global", outer_stack)
+    _guard.current.active[7] = (7, threading.current_thread(), API, "global", outer_stack)
     for _ in range(2):
         violate(here())  # two-rules
     function = "test_another_rule_at_the_same_line_is_another_site"

@@ -16,11 +16,12 @@ EXCEPTIONS = {
     "nested_capture": cgguard.NestedCaptureError,
     "concurrent_capture": cgguard.ConcurrentCaptureError,
     "sync_during_capture": cgguard.SyncDuringCaptureError,
+    "abandoned_capture": cgguard.AbandonedCaptureError,
 }
 
 
 def test_the_rules_and_their_exceptions() -> None:
-    """Four rules, in the order they are checked, each raising its own public exception."""
+    """Five rules, in the order they are checked, each with its own public exception."""
     assert {name: rule.error for name, rule in RULES.items()} == EXCEPTIONS
     assert list(NAMES) == list(EXCEPTIONS)
 
@@ -47,6 +48,7 @@ def test_every_rule_reaches_every_place_that_names_rules(name: str) -> None:
         ("nested_capture", "raise"),
         ("concurrent_capture", "log"),
         ("sync_during_capture", "log"),
+        ("abandoned_capture", "log"),
     ],
 )
 def test_diagnostics_log_whatever_the_mode(name: str, action: str) -> None:
@@ -90,3 +92,13 @@ def test_console_titles_come_from_the_table(
     attempt, cause = titles
     expected = f"{attempt}\n{text}\n\n{cause} (most recent call last):\n{text}"
     assert (RULES[name].cause_key, format_stacks(event)) == (cause_key, expected)
+
+
+def test_a_rule_without_a_cause_shows_one_stack() -> None:
+    """abandoned_capture has no cause: the console shows where the abandoned capture began."""
+    frame = {"file": "f.py", "line": 3, "function": "g", "code": "x()"}
+    event = {"rule": "abandoned_capture", "stack": [frame]}
+    assert format_stacks(event) == (
+        "The abandoned capture began at (most recent call last):\n"
+        '  File "f.py", line 3, in g\n    x()'
+    )

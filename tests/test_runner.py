@@ -637,7 +637,8 @@ def test_existing_file_wins_over_a_command_on_path(tmp_path: Path) -> None:
 
 RULE_ERROR = (
     "cgguard run: error: argument --rule: '{}': accepted values are RULE=ACTION with RULE one of "
-    "capture_disabled, nested_capture, concurrent_capture, sync_during_capture and ACTION one of "
+    "capture_disabled, nested_capture, concurrent_capture, sync_during_capture, abandoned_capture "
+    "and ACTION one of "
     "raise, log, off\n"
 )
 
@@ -897,6 +898,7 @@ def test_info_reports_versions_configuration_and_activation(tmp_path: Path) -> N
         "  rule           nested_capture: log (default)",
         "  rule           concurrent_capture: log (default)",
         "  rule           sync_during_capture: raise (CGGUARD_RULE_SYNC_DURING_CAPTURE)",
+        "  rule           abandoned_capture: log (default)",
         "  warning: ignoring CGGUARD_CAPTURE='sometimes': accepted values are enabled, disabled",
         "  warning: ignoring CGGUARD_RULE_NESTED_CAPTURE='warn': "
         "accepted values are raise, log, off",
@@ -934,6 +936,7 @@ def test_info_shows_an_ignored_file_target_as_ignored(tmp_path: Path) -> None:
             "  rule           nested_capture: raise (default)",
             "  rule           concurrent_capture: log (default)",
             "  rule           sync_during_capture: log (default)",
+            "  rule           abandoned_capture: log (default)",
             "  warning: ignoring CGGUARD_LOG_TARGET='file': CGGUARD_LOG_FILE is not set",
         ],
         b"",

@@ -173,6 +173,7 @@ def test_rule_variables_name_every_rule() -> None:
             "CGGUARD_RULE_NESTED_CAPTURE": "nested_capture",
             "CGGUARD_RULE_CONCURRENT_CAPTURE": "concurrent_capture",
             "CGGUARD_RULE_SYNC_DURING_CAPTURE": "sync_during_capture",
+            "CGGUARD_RULE_ABANDONED_CAPTURE": "abandoned_capture",
         },
         ("raise", "log", "off"),
     )
@@ -203,7 +204,8 @@ def test_misspelt_rule_variable_is_reported() -> None:
     assert problems == [
         "ignoring CGGUARD_RULE_NESTED: no such rule; the rule variables are "
         "CGGUARD_RULE_CAPTURE_DISABLED, CGGUARD_RULE_NESTED_CAPTURE, "
-        "CGGUARD_RULE_CONCURRENT_CAPTURE, CGGUARD_RULE_SYNC_DURING_CAPTURE"
+        "CGGUARD_RULE_CONCURRENT_CAPTURE, CGGUARD_RULE_SYNC_DURING_CAPTURE, "
+        "CGGUARD_RULE_ABANDONED_CAPTURE"
     ]
 
 

@@ -155,7 +155,7 @@ class CaptureMachine(RuleBasedStateMachine):
         by_thread: dict[int, set[int]] = {}
         assert _guard.current is not None
         for key, (_, thread, *_) in _guard.current.active.items():
-            by_thread.setdefault(thread, set()).add(key)
+            by_thread.setdefault(thread.ident, set()).add(key)
         model = {w.ident: {id(c.graph) for c in w.captures} for w in self.workers if w.captures}
         assert by_thread == model
         driver = {(c.thread, c.graph_id) for c in self.simulation.active_captures()}
