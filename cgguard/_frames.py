@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 # A snapshot is a flat tuple (code, lasti, code, lasti, ...), innermost frame first. It keeps
 # neither frames (their locals may hold GPU tensors) nor line numbers (computing f_lineno costs a
 # line-table walk per frame): the line is recovered from lasti when, rarely, a report is made.
+# A stack deeper than MAX_DEPTH ends with the pair (how many outer frames were left out, -1).
 Snapshot = tuple["CodeType | int", ...]
 
 
@@ -51,7 +52,22 @@ def snapshot_from(start: FrameType) -> Snapshot:
         push(frame.f_code)
         push(frame.f_lasti)
         frame = frame.f_back
+    if frame is not None:
+        out += (_count(frame), -1)
     return tuple(out)
+
+
+def _count(frame: FrameType | None) -> int:
+    """How many frames from ``frame`` outwards: those a deep stack leaves out, counted only."""
+    count = 0
+    while frame is not None:
+        count += 1
+        frame = frame.f_back
+    return count
+
+
+# The rendered stand-in for the frames a deep stack left out, outermost.
+OMITTED = "<frames not kept>"
 
 
 # Where a ``with torch.cuda.graph`` capture began, cheaply: (the caller's frame, its
@@ -97,6 +113,8 @@ def walk(stack: LiveStack) -> Snapshot:
             break
         out += (caller.f_code, caller.f_lasti)
         caller = caller.f_back
+    if caller is not None:
+        out += (_count(caller), -1)
     return tuple(out)
 
 
@@ -131,6 +149,12 @@ def render(stack: Snapshot) -> list[FrameInfo]:
     hidden = _hidden_prefixes()
     frames: list[FrameInfo] = []
     for i in range(len(stack) - 2, -1, -2):
+        if isinstance(stack[i], int):
+            left = stack[i]
+            frames.append(
+                {"file": OMITTED, "line": 0, "function": f"{left} outer frames", "code": None}
+            )
+            continue
         code, lasti = cast("CodeType", stack[i]), cast("int", stack[i + 1])
         filename = code.co_filename
         if filename.startswith(hidden):
@@ -155,6 +179,9 @@ def format_frames(frames: list[FrameInfo]) -> str:
     """Frames as Python prints a traceback's body, for people reading a console."""
     lines = []
     for f in frames:
+        if f["file"] == OMITTED:
+            lines.append(f"  ... {f['function']} not kept")
+            continue
         lines.append(f'  File "{f["file"]}", line {f["line"]}, in {f["function"]}')
         if f["code"]:
             lines.append(f"    {f['code']}")
@@ -173,6 +200,8 @@ def innermost_visible(stack: Snapshot) -> tuple[CodeType | None, int]:
     if len(_prefixes) < 3:  # until torch and wrapt are both imported, look again
         _prefixes = _hidden_prefixes()
     for i in range(0, len(stack), 2):
+        if isinstance(stack[i], int):
+            break  # the count of frames left out, outermost: no code of its own
         code = cast("CodeType", stack[i])
         cached = _visible.get(id(code))
         if cached is not None:

@@ -258,13 +258,33 @@ def test_render_source_unavailable_gives_code_none(sample: Sample) -> None:
 
 
 def test_snapshot_depth_is_bounded(sample: Sample) -> None:
-    """Deep recursion records only the innermost MAX_DEPTH frames."""
+    """Deep recursion records only the innermost MAX_DEPTH frames, and how many it left out."""
     stack: Snapshot = sample.run_bare(functools.partial(sample.module.deep, 3 * _frames.MAX_DEPTH))
-    assert len(stack) == 2 * _frames.MAX_DEPTH
-    expected = [sample.frame("return deep(n - 1)", "deep")] * (_frames.MAX_DEPTH - 1) + [
-        sample.frame("return frames.snapshot(0)", "deep")
+    # deep(384) down to deep(0) is 385 frames, under main: 386, of which 128 are kept.
+    left_out = 3 * _frames.MAX_DEPTH + 2 - _frames.MAX_DEPTH
+    assert (len(stack), stack[-2:]) == (2 * _frames.MAX_DEPTH + 2, (left_out, -1))
+    omitted: FrameInfo = {
+        "file": "<frames not kept>",
+        "line": 0,
+        "function": "258 outer frames",
+        "code": None,
+    }
+    expected = [
+        omitted,
+        *[sample.frame("return deep(n - 1)", "deep")] * (_frames.MAX_DEPTH - 1),
+        sample.frame("return frames.snapshot(0)", "deep"),
     ]
     assert expected == _frames.render(stack)
+    assert _frames.format_frames([omitted]) == "  ... 258 outer frames not kept"
+
+
+def test_a_stack_within_the_depth_says_nothing_left_out(sample: Sample) -> None:
+    """A stack of exactly MAX_DEPTH frames ends with its outermost frame, nothing counted."""
+    # deep(n) for n = MAX_DEPTH - 2 .. 0 is MAX_DEPTH - 1 frames, under main: MAX_DEPTH.
+    depth = _frames.MAX_DEPTH - 2
+    stack: Snapshot = sample.run_bare(functools.partial(sample.module.deep, depth))
+    assert len(stack) == 2 * _frames.MAX_DEPTH
+    assert not any(isinstance(stack[i], int) for i in range(0, len(stack), 2))
 
 
 FRAMES: list[FrameInfo] = [
