@@ -500,3 +500,40 @@ def test_patches_on_the_real_class_reach_the_standin(
     with torch.cuda.graph(torch.cuda.CUDAGraph(), capture_error_mode="relaxed"):
         pass
     assert seen == ["relaxed"]
+
+
+def test_a_child_forked_while_another_thread_is_inside_the_runtime_does_not_hang(
+    sim: SimulatedCuda,
+) -> None:
+    """fork() while another thread holds the runtime's lock: the child's calls still run."""
+    import os
+    import signal
+    import time
+    import warnings
+
+    held, release = threading.Event(), threading.Event()
+
+    def inside_a_call() -> None:
+        with sim._lock:  # as any simulated call holds it
+            held.set()
+            release.wait(timeout=20)
+
+    holder = threading.Thread(target=inside_a_call)
+    holder.start()
+    assert held.wait(timeout=20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork of a threaded process
+        pid = os.fork()
+    if pid == 0:  # the child: one simulated call, then out without any clean-up
+        sim._synchronize()
+        os._exit(7)
+    release.set()
+    holder.join(timeout=20)
+    deadline = time.monotonic() + 20
+    while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    hung = done == (0, 0)
+    if hung:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert (hung, None if hung else os.waitstatus_to_exitcode(done[1])) == (False, 7)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import threading
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -208,6 +209,18 @@ class SimulatedCuda:
 
 _ACTIVE: SimulatedCuda | None = None
 _ACTIVATION_LOCK = threading.Lock()
+
+
+def _new_locks_in_child() -> None:
+    # A forked child has only the forking thread: a lock another thread held at the fork (one
+    # inside a simulated call, say) would stay held, and the child's first call would hang.
+    global _ACTIVATION_LOCK
+    _ACTIVATION_LOCK = threading.Lock()
+    if _ACTIVE is not None:
+        _ACTIVE._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_locks_in_child)
 
 
 def _active() -> SimulatedCuda:
