@@ -749,3 +749,33 @@ def test_a_synchronize_hook_with_no_caller_frame_warns_and_goes_on(
         "cgguard: internal error while checking a synchronize, not checked: "
         "ValueError('call stack is not deep enough')\n"
     )
+
+
+def test_each_kind_of_internal_error_gets_its_own_warning(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A failing check, a failing synchronize check and a failing report: three lines, not one."""
+    from cgguard import _events
+
+    def broken(name: str) -> Any:
+        def fail(*args: object, **kwargs: object) -> None:
+            raise LookupError(name)
+
+        return fail
+
+    cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
+    mine = record(threading.get_ident())
+    guard().active[mine[0]] = mine
+    monkeypatch.setattr(_guard, "find_violations", broken("check"))
+    monkeypatch.setattr(_guard, "find_sync_violation", broken("sync"))
+    monkeypatch.setattr(_events, "violation", broken("report"))
+    guard().check_begin(_guard.API_GRAPH, 2, "global", ())
+    user_synchronizes()
+    monkeypatch.undo()
+    monkeypatch.setattr(_events, "violation", broken("report"))
+    guard().check_begin(_guard.API_GRAPH, 3, "global", stack_of(plugin_captures))
+    assert capsys.readouterr().err.splitlines() == [
+        "cgguard: internal error while checking a capture, not checked: LookupError('check')",
+        "cgguard: internal error while checking a synchronize, not checked: LookupError('sync')",
+        "cgguard: internal error while reporting a violation: LookupError('report')",
+    ]
