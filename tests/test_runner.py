@@ -367,10 +367,10 @@ print(json.dumps({"environ": dict(os.environ), "path": sys.path}))
 """
 
 
-def environ_and_path(result: Result) -> tuple[dict[str, str], list[str]]:
-    """The environment and sys.path that ENV_PROBE printed; asserts it ran cleanly."""
+def environ_and_path(result: Result, stderr: bytes = b"") -> tuple[dict[str, str], list[str]]:
+    """The environment and sys.path that ENV_PROBE printed; asserts it ran, printing ``stderr``."""
     returncode, out, err = result
-    clean = (0, b"")
+    clean = (0, stderr)
     assert clean == (returncode, err)
     seen = json.loads(out)
     return seen["environ"], seen["path"]
@@ -394,7 +394,7 @@ def environ_and_path(result: Result) -> tuple[dict[str, str], list[str]]:
     ],
 )
 def test_environment_of_the_program(tmp_path: Path, old: str | None, expected: str) -> None:
-    """Options override CGGUARD_*, others pass, ENABLED=1, bootstrap first on PYTHONPATH."""
+    """Options override CGGUARD_*, others pass (unknown ones warned of), ENABLED=1, PYTHONPATH."""
     write(tmp_path / "sub" / "cgg_env.py", ENV_PROBE)
     env = clean_environ(
         CGGUARD_MODE="raise",
@@ -406,7 +406,11 @@ def test_environment_of_the_program(tmp_path: Path, old: str | None, expected: s
         env["PYTHONPATH"] = old
     plain_environ, plain_path = environ_and_path(python(["sub/cgg_env.py"], tmp_path, env))
     runner_environ, runner_path = environ_and_path(
-        python([*RUNNER, *RUNNER_OPTIONS, "sub/cgg_env.py"], tmp_path, env)
+        python([*RUNNER, *RUNNER_OPTIONS, "sub/cgg_env.py"], tmp_path, env),
+        b"cgguard: ignoring CGGUARD_OTHER: no such variable; the variables are CGGUARD_ENABLED, "
+        b"CGGUARD_MODE, CGGUARD_LOG_FORMAT, CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, "
+        b"CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, "
+        b"CGGUARD_RULE_<RULE>\n",
     )
     assert {
         **plain_environ,
