@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from typing import Literal, NoReturn
+from typing import TYPE_CHECKING, Literal, NoReturn, cast
 
 from cgguard import _settings
 from cgguard._errors import ConfigError
 from cgguard._rules import ACTIONS, NAMES, RULES
-from cgguard._settings import BOOL, PATH, SETTINGS
+from cgguard._settings import BOOL, PATH, SETTINGS, Setting, is_path, shown
 from cgguard._warn import warn_once
 
 Mode = Literal["raise", "log"]
@@ -48,7 +48,8 @@ class Config:
     rendering; None picks console when stderr is a terminal, JSON otherwise. ``log_target``:
     "stderr", "file" (``log_file``) or "logging" (the standard library logger "cgguard");
     None means the file when ``log_file`` is set, stderr otherwise. ``report``: a path for
-    the JSON report, ``{pid}`` expanded. ``capture``: the capture flag's value at install (None
+    the JSON report, ``{pid}`` expanded. Paths may be given as os.PathLike and are kept as
+    str. ``capture``: the capture flag's value at install (None
     leaves it as it is). ``simulate_cuda``: put the simulated CUDA runtime in place at
     activation. ``vllm_bridge``: follow vLLM's capture flag when vLLM is imported.
     """
@@ -64,28 +65,31 @@ class Config:
     simulate_cuda: bool = dataclasses.field(default=SETTINGS["simulate_cuda"].default)
     vllm_bridge: bool = dataclasses.field(default=SETTINGS["vllm_bridge"].default)
 
+    if TYPE_CHECKING:
+        # What type checkers see of the __init__ that dataclasses writes: it takes the paths
+        # as os.PathLike too, which __post_init__ keeps as their str.
+        def __init__(  # noqa: PLR0917 - dataclasses' own takes the fields by position too
+            self,
+            mode: Mode = ...,
+            rules: Mapping[str, Action] = ...,
+            log_format: LogFormat | None = ...,
+            log_file: str | os.PathLike[str] | None = ...,
+            log_target: LogTarget | None = ...,
+            report: str | os.PathLike[str] | None = ...,
+            capture: Capture | None = ...,
+            simulate_cuda: bool = ...,
+            vllm_bridge: bool = ...,
+        ) -> None: ...
+
     def __post_init__(self) -> None:
+        # Each value is kept as a plain str, bool or None (a path given as os.PathLike becomes
+        # its str), so that the frozen value compares, hashes and serialises as plain data.
         for setting in SETTINGS.values():
-            value = getattr(self, setting.field)
-            if not _accepts(setting.choices, setting.default, value):
-                raise ConfigError(
-                    f"Config({setting.field}={value!r}): accepted values are "
-                    f"{_shown(setting.choices, setting.default)}"
-                )
+            object.__setattr__(self, setting.field, _checked(setting, getattr(self, setting.field)))
         if self.log_target == "file" and self.log_file is None:
             raise ConfigError("Config(log_target='file'): needs log_file, a path")
-        if not isinstance(self.rules, Mapping):
-            raise ConfigError(
-                f"Config(rules={self.rules!r}): accepted values are a mapping of rule to action"
-            )
-        for rule, action in self.rules.items():
-            if rule not in RULES or action not in ACTIONS:
-                raise ConfigError(
-                    f"Config(rules={{{rule!r}: {action!r}}}): accepted rules are "
-                    f"{', '.join(NAMES)}; actions are {', '.join(ACTIONS)}"
-                )
         # A read-only copy: a caller's dict changed later must not change this configuration.
-        object.__setattr__(self, "rules", Rules(self.rules))
+        object.__setattr__(self, "rules", _checked_rules(self.rules))
 
     def action(self, rule: str) -> Action:
         """What happens when ``rule`` is broken: "raise", "log" or "off"."""
@@ -119,21 +123,81 @@ class Config:
         return cls(**values)  # type: ignore[arg-type]  # _settings.read checked every value
 
 
-def _accepts(choices: tuple[str, ...], default: object, value: object) -> bool:
-    if choices is BOOL:
+_REFUSED = object()
+
+
+def _checked(setting: Setting, value: object) -> object:
+    """``value`` as a Config keeps it; ConfigError, one line, for anything not accepted.
+
+    Never another exception: a value whose own methods fail (``__fspath__``, ``__eq__``,
+    ``__repr__``) is refused like any other.
+    """
+    try:
+        kept = _plain(setting, value)
+    except Exception as exc:
+        raise _refused(setting, value) from exc
+    if kept is _REFUSED:
+        raise _refused(setting, value)
+    return kept
+
+
+def _plain(setting: Setting, value: object) -> object:
+    """``value`` as a plain str, bool or None, or _REFUSED."""
+    if setting.choices is BOOL:
         # ``is``: 1 == True, but Config(simulate_cuda=1) is a mistake.
-        return value is True or value is False
-    if value is None and default is None:
-        return True
-    if choices is PATH:
-        return isinstance(value, str) and bool(value)
-    return isinstance(value, str) and value in choices
+        return value if value is True or value is False else _REFUSED
+    if value is None:
+        return None if setting.default is None else _REFUSED
+    if setting.choices is PATH and hasattr(type(value), "__fspath__"):
+        value = os.fspath(cast("os.PathLike[str]", value))  # str, or bytes that _text refuses
+    text = _text(value)
+    if text is None:
+        return _REFUSED
+    if setting.choices is PATH:
+        return text if is_path(text) else _REFUSED
+    return text if text in setting.choices else _REFUSED
 
 
-def _shown(choices: tuple[str, ...], default: object) -> str:
-    if choices is BOOL:
-        return "False, True"
-    if choices is PATH:
-        return "None or a path"
-    shown = ", ".join(repr(c) for c in choices)
-    return f"None, {shown}" if default is None else shown
+def _text(value: object) -> str | None:
+    """``value`` as a plain str if it is a str (a subclass, a str-valued Enum), else None."""
+    # type(), not isinstance(): an object's __class__ may claim str without it being one.
+    if not issubclass(type(value), str):
+        return None
+    return str.__str__(value)  # the plain copy of a subclass's text
+
+
+def _refused(setting: Setting, value: object) -> ConfigError:
+    if setting.choices is BOOL:
+        accepted = "False, True"
+    elif setting.choices is PATH:
+        accepted = "None or a path, a str or os.PathLike (not blank, no NUL character)"
+    else:
+        accepted = ", ".join(repr(c) for c in setting.choices)
+        accepted = f"None, {accepted}" if setting.default is None else accepted
+    return ConfigError(f"Config({setting.field}={shown(value)}): accepted values are {accepted}")
+
+
+def _checked_rules(rules: object) -> Rules:
+    """``rules`` as a Config keeps them: read-only, plain str to plain str; else ConfigError."""
+    try:
+        items = [(r, a) for r, a in rules.items()] if isinstance(rules, Mapping) else None
+    except Exception as exc:  # a mapping whose own methods fail
+        raise _not_a_mapping(rules) from exc
+    if items is None:
+        raise _not_a_mapping(rules)
+    kept: dict[str, Action] = {}
+    for rule, action in items:
+        name, chosen = _text(rule), _text(action)
+        if name not in RULES or chosen not in ACTIONS:
+            raise ConfigError(
+                f"Config(rules={{{shown(rule)}: {shown(action)}}}): accepted rules are "
+                f"{', '.join(NAMES)}; actions are {', '.join(ACTIONS)}"
+            )
+        kept[name] = chosen  # type: ignore[assignment]  # one of ACTIONS, checked just above
+    return Rules(kept)
+
+
+def _not_a_mapping(rules: object) -> ConfigError:
+    return ConfigError(
+        f"Config(rules={shown(rules)}): accepted values are a mapping of rule to action"
+    )

@@ -19,6 +19,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from cgguard._events import document
+from cgguard._settings import REPORT_OWNER
 from cgguard._warn import warn_once
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ WRITTEN_AT_ONCE = 16
 
 # Set in the environment by a process whose report path has no {pid}, so that the processes
 # it starts, which inherit both, can say that they would write the same file.
-OWNER = "CGGUARD_REPORT_OWNER"
+OWNER = REPORT_OWNER
 
 
 def expand(template: str) -> str:
@@ -156,9 +157,7 @@ class ReportFile:
         with self._lock:
             if self._thread is not None or self._closed:
                 return
-            self._thread = threading.Thread(
-                target=self._run, name="cgguard-report", daemon=True
-            )
+            self._thread = threading.Thread(target=self._run, name="cgguard-report", daemon=True)
             self._thread.start()
 
     def _run(self) -> None:

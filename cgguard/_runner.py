@@ -14,7 +14,7 @@ import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from cgguard._rules import ACTIONS, NAMES
-from cgguard._settings import BOOL, ENABLED, PATH, RULE_PREFIX, SETTINGS
+from cgguard._settings import BOOL, ENABLED, PATH, RULE_PREFIX, SETTINGS, accepted, is_path, shown
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -59,12 +59,19 @@ def run_parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help=f"turns {setting.variable} {turn}",
             )
+        elif setting.choices is PATH:
+            parser.add_argument(
+                setting.option,
+                dest=setting.field,
+                type=_path,
+                metavar="PATH",
+                help=f"sets {setting.variable}",
+            )
         else:
             parser.add_argument(
                 setting.option,
                 dest=setting.field,
-                choices=setting.choices or None,
-                metavar="PATH" if setting.choices is PATH else None,
+                choices=setting.choices,
                 help=f"sets {setting.variable}",
             )
     parser.add_argument(
@@ -77,6 +84,29 @@ def run_parser() -> argparse.ArgumentParser:
         f"rules: {', '.join(NAMES)}",
     )
     return parser
+
+
+def _path(text: str) -> str:
+    # Blank is refused as well as empty: the program would read a blank variable as unset.
+    if not is_path(text):
+        raise argparse.ArgumentTypeError(f"{shown(text)}: accepted values are {accepted(PATH)}")
+    return text
+
+
+def _unmet(options: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
+    """Why the options cannot work together in the program, or None."""
+    log_file = SETTINGS["log_file"]
+    # The program's own CGGUARD_LOG_FILE serves too: the runner passes it through.
+    if (
+        options.log_target == "file"
+        and options.log_file is None
+        and not is_path(environ.get(log_file.variable, ""))
+    ):
+        return (
+            f"argument {SETTINGS['log_target'].option}: 'file' needs a log file: "
+            f"{log_file.option} PATH, or {log_file.variable} in the environment"
+        )
+    return None
 
 
 def _rule_setting(text: str) -> tuple[str, str]:
@@ -165,6 +195,9 @@ def run(argv: Sequence[str]) -> int:
     option_args, command = _split_run(argv)
     parser = run_parser()
     options = parser.parse_args(option_args)
+    unmet = _unmet(options, os.environ)
+    if unmet is not None:
+        parser.error(unmet)
     if not command:
         parser.error("no program to run")
     program = _program(command)

@@ -19,8 +19,14 @@ FALSE = ("0", "false", "no", "off")
 BOOL = TRUE + FALSE  # the accepted spellings of a boolean, in any case
 PATH = ()  # free text: a path
 
+PREFIX = "CGGUARD_"
 ENABLED = "CGGUARD_ENABLED"
 RULE_PREFIX = "CGGUARD_RULE_"
+
+# A value quoted in a message is cut to this many characters of its repr: enough to recognise a
+# path or to spot a typo, while a runaway value (a file's contents pasted into a variable) still
+# makes one readable line rather than ten thousand characters of it.
+SHOWN = 200
 
 
 class Setting:
@@ -47,7 +53,7 @@ class Setting:
     def parse(self, raw: str) -> object:
         """The value of ``raw`` (case-insensitive); None when it is not accepted."""
         if self.choices is PATH:
-            return raw
+            return raw if is_path(raw) else None
         if self.choices is BOOL:
             return parse_bool(raw)
         folded = raw.strip().lower()
@@ -71,6 +77,36 @@ SETTINGS: "dict[str, Setting]" = {
 }
 
 RULE_VARIABLES = {RULE_PREFIX + rule.upper(): rule for rule in NAMES}
+# Every variable cgguard reads; any other CGGUARD_* name is a mistake worth a warning.
+VARIABLES = (ENABLED, *(s.variable for s in SETTINGS.values()), *RULE_VARIABLES)
+# Set by cgguard itself, for the processes a program starts: no setting, and no mistake.
+REPORT_OWNER = "CGGUARD_REPORT_OWNER"
+
+
+def is_path(text: str) -> bool:
+    """Whether ``text`` can name a file: not blank (unset, to the environment), and no NUL."""
+    return bool(text.strip()) and "\0" not in text
+
+
+def shown(value: object) -> str:
+    """``value`` as a message quotes it: its repr, cut to SHOWN characters with its length.
+
+    Never raises: a value whose repr fails is shown by its type and address.
+    """
+    try:
+        text = repr(value)
+        if len(text) <= SHOWN:
+            return text
+        if type(value) is str:
+            return f"{text[:SHOWN]}... ({len(value)} characters)"
+        return f"{text[:SHOWN]}... (a repr of {len(text)} characters)"
+    except Exception:
+        return object.__repr__(value)
+
+
+def _named(name: str) -> str:
+    """A variable's name as a message gives it: cut as shown() cuts a value, without quotes."""
+    return name if len(name) <= SHOWN else f"{name[:SHOWN]}... ({len(name)} characters)"
 
 
 def parse_bool(value: str) -> "bool | None":
@@ -88,7 +124,7 @@ def accepted(choices: "tuple[str, ...]") -> str:
     if choices is BOOL:
         return "1/true/yes/on or 0/false/no/off"
     if choices is PATH:
-        return "a path"
+        return "a path (not blank, no NUL character)"
     return ", ".join(choices)
 
 
@@ -96,19 +132,21 @@ def read(environ: "Mapping[str, str]") -> "tuple[dict[str, object], dict[str, st
     """Parse the CGGUARD_* variables of ``environ``.
 
     Returns the Config fields that were set, the variable each came from, and one line per
-    value that was ignored because it is not accepted. An empty or blank value counts as unset.
+    value that was ignored because it is not accepted, and per CGGUARD_* name that cgguard does
+    not read. An empty or blank value counts as unset. Never raises for what ``environ`` holds:
+    a mapping built in code may hold values that are not text, and they are ignored the same way.
     """
     values: dict[str, object] = {}
     sources: dict[str, str] = {}
     problems: list[str] = []
     for setting in SETTINGS.values():
         raw = environ.get(setting.variable, "")
-        if not raw.strip():
+        if isinstance(raw, str) and not raw.strip():
             continue
-        value = setting.parse(raw)
+        value = setting.parse(raw) if isinstance(raw, str) else None
         if value is None:
             problems.append(
-                f"ignoring {setting.variable}={raw!r}: accepted values are "
+                f"ignoring {setting.variable}={shown(raw)}: accepted values are "
                 f"{accepted(setting.choices)}"
             )
             continue
@@ -117,6 +155,7 @@ def read(environ: "Mapping[str, str]") -> "tuple[dict[str, object], dict[str, st
     if values.get("log_target") == "file" and "log_file" not in values:
         problems.append("ignoring CGGUARD_LOG_TARGET='file': CGGUARD_LOG_FILE is not set")
         del values["log_target"], sources["log_target"]
+    problems += [_unknown(name) for name in environ if _is_unknown(name)]
     rules = _read_rules(environ, sources, problems)
     if rules:
         values["rules"] = rules
@@ -127,22 +166,57 @@ def _read_rules(
     environ: "Mapping[str, str]", sources: "dict[str, str]", problems: "list[str]"
 ) -> "dict[str, str]":
     """The CGGUARD_RULE_<RULE> settings; adds to ``sources`` and ``problems`` as read() does."""
-    for name in environ:
-        if name.startswith(RULE_PREFIX) and name not in RULE_VARIABLES:
-            names = ", ".join(RULE_VARIABLES)
-            problems.append(f"ignoring {name}: no such rule; the rule variables are {names}")
     rules: dict[str, str] = {}
     for name, rule in RULE_VARIABLES.items():
         raw = environ.get(name, "")
-        folded = raw.strip().lower()
-        if not folded:
+        folded = raw.strip().lower() if isinstance(raw, str) else None
+        if folded == "":
             continue
         if folded not in ACTIONS:
-            problems.append(f"ignoring {name}={raw!r}: accepted values are {accepted(ACTIONS)}")
+            problems.append(
+                f"ignoring {name}={shown(raw)}: accepted values are {accepted(ACTIONS)}"
+            )
             continue
         rules[rule] = folded
         sources[f"rules.{rule}"] = name
     return rules
+
+
+def _is_unknown(name: object) -> bool:
+    return (
+        isinstance(name, str)
+        and name.startswith(PREFIX)
+        and name not in VARIABLES
+        and name != REPORT_OWNER
+    )
+
+
+def _unknown(name: str) -> str:
+    """The problem line of a CGGUARD_* name cgguard does not read, with the closest known name."""
+    if name.startswith(RULE_PREFIX):
+        known, what = tuple(RULE_VARIABLES), "rule"
+        listed = f"the rule variables are {', '.join(known)}"
+    else:
+        known, what = VARIABLES, "variable"
+        # The rule variables are compared too, but listed as one pattern.
+        names = (v for v in VARIABLES if v not in RULE_VARIABLES)
+        listed = f"the variables are {', '.join(names)}, {RULE_PREFIX}<RULE>"
+    close = _closest(name, known)
+    hint = f"did you mean {close}?" if close else listed
+    return f"ignoring {_named(name)}: no such {what}; {hint}"
+
+
+def _closest(name: str, known: "tuple[str, ...]") -> "str | None":
+    """The known name most like ``name``, if one is close enough to be the one meant."""
+    # Only here, with a name already known to be wrong: difflib brings re and enum with it,
+    # about 5 ms, more than half a bare interpreter's start-up.
+    import difflib
+
+    # Compared without the prefix they all share, which would make every name look close.
+    cut = len(PREFIX) if not name.startswith(RULE_PREFIX) else len(RULE_PREFIX)
+    suffixes = {k[cut:]: k for k in known}
+    found = difflib.get_close_matches(name[cut:].upper(), suffixes, n=1)
+    return suffixes[found[0]] if found else None
 
 
 def is_enabled(environ: "Mapping[str, str]") -> "bool | None":

@@ -71,7 +71,7 @@ def _environment_says_on(default: bool) -> bool:
     raw = os.environ.get(ENABLED, "")
     if enabled is None and raw.strip():
         accepted = _settings.accepted(_settings.BOOL)
-        line = f"ignoring {ENABLED}={raw!r}: accepted values are {accepted}"
+        line = f"ignoring {ENABLED}={_settings.shown(raw)}: accepted values are {accepted}"
         _warn(line, line)
     on = default if enabled is None else enabled
     if on:

@@ -7,12 +7,19 @@ import sys
 
 _said: set[str] = set()
 
+# A line is cut after this many characters of its message. The values cgguard quotes are cut
+# shorter where they are quoted (cgguard._settings.SHOWN); this keeps any other message, one
+# that repeats a long path or holds a long exception's text, to one readable line as well.
+LONGEST = 1000
+
 
 def warn_once(key: str, message: str) -> None:
     """Print ``cgguard: message`` to stderr the first time ``key`` is seen in this process."""
     if key in _said:
         return
     _said.add(key)
+    if len(message) > LONGEST:
+        message = f"{message[:LONGEST]}... ({len(message)} characters)"
     try:
         sys.stderr.write(f"cgguard: {message}\n")
         sys.stderr.flush()

@@ -88,6 +88,66 @@ def test_bad_enabled_value_warns_and_stays_off() -> None:
 
 
 @pytest.mark.subprocess
+def test_unknown_variables_warn_at_start_with_the_closest_name() -> None:
+    """Each CGGUARD_* name cgguard does not read is one line at start, naming the closest one."""
+    env = clean_environ(
+        CGGUARD_ENABLED="1", CGGUARD_MOD="log", CGGUARD_RULE_NESTED="off", CGGUARD_XYZZY="1"
+    )
+    done = python("print('ran')", env)
+    expected = (
+        0,
+        "ran\n",
+        "cgguard: ignoring CGGUARD_MOD: no such variable; did you mean CGGUARD_MODE?\n"
+        "cgguard: ignoring CGGUARD_RULE_NESTED: no such rule; "
+        "did you mean CGGUARD_RULE_NESTED_CAPTURE?\n"
+        "cgguard: ignoring CGGUARD_XYZZY: no such variable; the variables are CGGUARD_ENABLED, "
+        "CGGUARD_MODE, CGGUARD_LOG_FORMAT, CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, "
+        "CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, "
+        "CGGUARD_RULE_<RULE>\n",
+    )
+    assert expected == (done.returncode, done.stdout, done.stderr)
+
+
+@pytest.mark.subprocess
+def test_known_variables_cost_no_name_matching() -> None:
+    """With every CGGUARD_* name known, start-up loads the parser alone: no difflib, no re."""
+    code = "import sys, json; print(json.dumps(sorted(sys.modules)))"
+    bare = json.loads(python(code, clean_environ()).stdout)
+    env = clean_environ(CGGUARD_ENABLED="1", CGGUARD_MODE="rase", CGGUARD_RULE_NESTED_CAPTURE="off")
+    done = python(code, env)
+    added = sorted(set(json.loads(done.stdout)) - set(bare))
+    expected = (
+        [
+            "cgguard",
+            "cgguard._errors",
+            "cgguard._rules",
+            "cgguard._settings",
+            "cgguard._startup",
+            "cgguard._warn",
+        ],
+        "cgguard: ignoring CGGUARD_MODE='rase': accepted values are raise, log\n",
+    )
+    assert expected == (added, done.stderr)
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("name", ["CGGUARD_ENABLED", "CGGUARD_MODE"])
+def test_long_values_are_cut_at_start(name: str) -> None:
+    """A value of 10,000 characters prints its first 200 and its length, not a 10,000-long line."""
+    env = clean_environ(CGGUARD_ENABLED="1")
+    env[name] = "x" * 10_000
+    done = python("print('ran')", env)
+    accepted = "1/true/yes/on or 0/false/no/off" if name == "CGGUARD_ENABLED" else "raise, log"
+    expected = (
+        0,
+        "ran\n",
+        f"cgguard: ignoring {name}='{'x' * 199}... (10000 characters): "
+        f"accepted values are {accepted}\n",
+    )
+    assert expected == (done.returncode, done.stdout, done.stderr)
+
+
+@pytest.mark.subprocess
 def test_patch_failure_leaves_torch_importable() -> None:
     """If patching fails inside ``import torch``, torch imports, one line says so, all runs."""
     code = """

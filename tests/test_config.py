@@ -27,6 +27,11 @@ RULES = (
     "sync_during_capture",
     "abandoned_capture",
 )
+PATHS = "None or a path, a str or os.PathLike (not blank, no NUL character)"
+RULES_ACCEPTED = (
+    "accepted rules are capture_disabled, nested_capture, concurrent_capture, "
+    "sync_during_capture, abandoned_capture; actions are raise, log, off"
+)
 
 
 def test_defaults() -> None:
@@ -78,8 +83,8 @@ def test_every_field_set() -> None:
         ({"simulate_cuda": 1}, "Config(simulate_cuda=1): accepted values are False, True"),
         ({"simulate_cuda": 0}, "Config(simulate_cuda=0): accepted values are False, True"),
         ({"simulate_cuda": "yes"}, "Config(simulate_cuda='yes'): accepted values are False, True"),
-        ({"log_file": ""}, "Config(log_file=''): accepted values are None or a path"),
-        ({"log_file": 3}, "Config(log_file=3): accepted values are None or a path"),
+        ({"log_file": ""}, f"Config(log_file=''): accepted values are {PATHS}"),
+        ({"log_file": 3}, f"Config(log_file=3): accepted values are {PATHS}"),
         (
             {"log_target": "syslog"},
             "Config(log_target='syslog'): accepted values are None, 'stderr', 'file', 'logging'",
@@ -88,8 +93,8 @@ def test_every_field_set() -> None:
             {"log_target": "file"},
             "Config(log_target='file'): needs log_file, a path",
         ),
-        ({"report": ""}, "Config(report=''): accepted values are None or a path"),
-        ({"report": 3}, "Config(report=3): accepted values are None or a path"),
+        ({"report": ""}, f"Config(report=''): accepted values are {PATHS}"),
+        ({"report": 3}, f"Config(report=3): accepted values are {PATHS}"),
         ({"vllm_bridge": 0}, "Config(vllm_bridge=0): accepted values are False, True"),
         ({"vllm_bridge": "no"}, "Config(vllm_bridge='no'): accepted values are False, True"),
         (
@@ -413,3 +418,236 @@ def test_every_config_field_but_rules_is_a_declared_setting() -> None:
     fields = {f.name: f.default for f in dataclasses.fields(cgguard.Config) if f.name != "rules"}
     assert fields == {name: setting.default for name, setting in SETTINGS.items()}
     assert fields == {name: value for name, value in DEFAULTS.items() if name != "rules"}
+
+
+def test_paths_may_be_path_like() -> None:
+    """log_file and report take os.PathLike paths, kept as plain str: equal, hashable, JSON."""
+    import json
+    import pathlib
+
+    config = cgguard.Config(
+        log_file=pathlib.PurePosixPath("logs/cg.log"),  # type: ignore[arg-type]
+        report=pathlib.PurePosixPath("reports/cg-{pid}.json"),  # type: ignore[arg-type]
+    )
+    expected = cgguard.Config(log_file="logs/cg.log", report="reports/cg-{pid}.json")
+    assert (expected, hash(expected), str, str) == (
+        config,
+        hash(config),
+        type(config.log_file),
+        type(config.report),
+    )
+    assert json.dumps(expected.as_dict()) == json.dumps(config.as_dict())
+
+
+def test_str_subclasses_are_kept_as_plain_str() -> None:
+    """A str subclass (a str-valued Enum, say) is accepted by value and kept as a plain str."""
+    import enum
+
+    class Mode(str, enum.Enum):
+        LOG = "log"
+
+    class Text(str):
+        pass
+
+    config = cgguard.Config(
+        mode=Mode.LOG,  # type: ignore[arg-type]
+        rules={Text("nested_capture"): Unequal("off")},  # type: ignore[dict-item]
+        log_file=Text("cg.log"),
+        capture=Text("disabled"),  # type: ignore[arg-type]
+    )
+    expected = cgguard.Config(
+        mode="log", rules={"nested_capture": "off"}, log_file="cg.log", capture="disabled"
+    )
+    kept = [config.mode, config.log_file, config.capture, *config.rules, *config.rules.values()]
+    assert (expected, {str}) == (config, {type(value) for value in kept})
+
+
+class Unequal(str):
+    """A str whose comparisons raise."""
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("no comparing")
+
+    __hash__ = str.__hash__
+
+
+class Unprintable:
+    """An object whose repr and str raise."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+    __str__ = __repr__
+
+
+class BrokenPath:
+    """An os.PathLike whose __fspath__ raises."""
+
+    def __fspath__(self) -> str:
+        raise RuntimeError("no path")
+
+    def __repr__(self) -> str:
+        return "BrokenPath()"
+
+
+class BytesPath:
+    """An os.PathLike that gives bytes."""
+
+    def __fspath__(self) -> bytes:
+        return b"cg.log"
+
+    def __repr__(self) -> str:
+        return "BytesPath()"
+
+
+class PosingAsStr:
+    """An object that says it is a str (``__class__``) without being one."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # type: ignore[override]
+        return str
+
+    def __repr__(self) -> str:
+        return "PosingAsStr()"
+
+
+class BrokenMapping(dict[str, str]):
+    """A mapping whose items() raises."""
+
+    def items(self) -> Any:
+        raise RuntimeError("no items")
+
+
+class PairsOfThree(dict[str, str]):
+    """A mapping whose items() are not pairs."""
+
+    def items(self) -> Any:
+        return [("nested_capture", "off", "extra")]
+
+
+# Values no field accepts, none of which may escape as anything but a ConfigError.
+NASTY = [
+    pytest.param([], id="list"),
+    pytest.param({}, id="dict"),
+    pytest.param({"log"}, id="set"),
+    pytest.param(b"log", id="bytes"),
+    pytest.param(bytearray(b"log"), id="bytearray"),
+    pytest.param(1.5, id="float"),
+    pytest.param(Unequal("\0"), id="raising __eq__"),
+    pytest.param(Unprintable(), id="raising __repr__"),
+    pytest.param(BrokenPath(), id="raising __fspath__"),
+    pytest.param(BytesPath(), id="bytes __fspath__"),
+    pytest.param(PosingAsStr(), id="posing as str"),
+    pytest.param(object(), id="object"),
+    pytest.param(cgguard.Config, id="a class"),
+    pytest.param("a\0b", id="NUL"),
+    pytest.param(" ", id="blank"),
+]
+
+
+@pytest.mark.parametrize("field", [name for name in DEFAULTS if name != "rules"])
+@pytest.mark.parametrize("value", NASTY)
+def test_any_bad_value_is_a_one_line_config_error(field: str, value: object) -> None:
+    """Whatever the value, a field that refuses it raises ConfigError, one line naming it."""
+    with pytest.raises(cgguard.ConfigError) as info:
+        cgguard.Config(**{field: value})
+    message = str(info.value)
+    expected = (True, 1)
+    assert expected == (message.startswith(f"Config({field}="), len(message.splitlines()))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"log_file": "a\0b"}, f"Config(log_file='a\\x00b'): accepted values are {PATHS}"),
+        ({"report": " "}, f"Config(report=' '): accepted values are {PATHS}"),
+        ({"report": b"r.json"}, f"Config(report=b'r.json'): accepted values are {PATHS}"),
+        ({"log_file": BytesPath()}, f"Config(log_file=BytesPath()): accepted values are {PATHS}"),
+        (
+            {"log_file": BrokenPath()},
+            f"Config(log_file=BrokenPath()): accepted values are {PATHS}",
+        ),
+        (
+            {"mode": Unequal("lg")},
+            "Config(mode='lg'): accepted values are 'raise', 'log'",
+        ),
+        ({"mode": ["log"]}, "Config(mode=['log']): accepted values are 'raise', 'log'"),
+        (
+            {"capture": PosingAsStr()},
+            "Config(capture=PosingAsStr()): accepted values are None, 'enabled', 'disabled'",
+        ),
+        (
+            {"mode": "x" * 10_000},
+            f"Config(mode='{'x' * 199}... (10000 characters)): accepted values are 'raise', 'log'",
+        ),
+        ({"rules": {1: "off"}}, f"Config(rules={{1: 'off'}}): {RULES_ACCEPTED}"),
+        (
+            {"rules": {"nested_capture": ["off"]}},
+            f"Config(rules={{'nested_capture': ['off']}}): {RULES_ACCEPTED}",
+        ),
+        (
+            {"rules": {"nested_capture": Unequal("of")}},
+            f"Config(rules={{'nested_capture': 'of'}}): {RULES_ACCEPTED}",
+        ),
+        (
+            {"rules": {("nested_capture",): "off"}},
+            f"Config(rules={{('nested_capture',): 'off'}}): {RULES_ACCEPTED}",
+        ),
+        (
+            {"rules": [("nested_capture", "off")]},
+            "Config(rules=[('nested_capture', 'off')]): "
+            "accepted values are a mapping of rule to action",
+        ),
+        (
+            {"rules": BrokenMapping()},
+            "Config(rules={}): accepted values are a mapping of rule to action",
+        ),
+        (
+            {"rules": PairsOfThree()},
+            "Config(rules={}): accepted values are a mapping of rule to action",
+        ),
+    ],
+)
+def test_hostile_values_message(kwargs: dict[str, Any], message: str) -> None:
+    """Paths of bytes, NUL or blank, objects that fail, non-str rule keys: ConfigError, one line."""
+    with pytest.raises(cgguard.ConfigError) as info:
+        cgguard.Config(**kwargs)
+    assert message == str(info.value)
+
+
+def test_unprintable_value_is_named_by_its_type() -> None:
+    """A value whose repr raises is named in the message by its type and address."""
+    value = Unprintable()
+    with pytest.raises(cgguard.ConfigError) as info:
+        cgguard.Config(mode=value)  # type: ignore[arg-type]
+    assert f"Config(mode={object.__repr__(value)}): accepted values are 'raise', 'log'" == str(
+        info.value
+    )
+
+
+def test_from_environ_never_raises_for_a_mapping_built_in_code(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A NUL in a path or a value that is not text: warned and ignored, never an exception."""
+    environ = {"CGGUARD_REPORT": "r\0.json", "CGGUARD_LOG_FILE": b"cg.log", "CGGUARD_MODE": "log"}
+    config = cgguard.Config.from_environ(environ)  # type: ignore[arg-type]
+    expected_err = (
+        "cgguard: ignoring CGGUARD_LOG_FILE=b'cg.log': "
+        "accepted values are a path (not blank, no NUL character)\n"
+        "cgguard: ignoring CGGUARD_REPORT='r\\x00.json': "
+        "accepted values are a path (not blank, no NUL character)\n"
+    )
+    assert (cgguard.Config(mode="log"), ("", expected_err)) == (config, capsys.readouterr())
+
+
+def test_the_signature_type_checkers_see_is_the_fields() -> None:
+    """The __init__ written for type checkers names Config's fields, in order, with no others."""
+    import ast
+    import inspect
+
+    from cgguard import _config
+
+    tree = ast.parse(inspect.getsource(_config.Config))
+    (init,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
+    declared = [arg.arg for arg in init.args.args[1:]]
+    assert [f.name for f in dataclasses.fields(cgguard.Config)] == declared

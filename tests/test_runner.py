@@ -367,10 +367,10 @@ print(json.dumps({"environ": dict(os.environ), "path": sys.path}))
 """
 
 
-def environ_and_path(result: Result) -> tuple[dict[str, str], list[str]]:
-    """The environment and sys.path that ENV_PROBE printed; asserts it ran cleanly."""
+def environ_and_path(result: Result, stderr: bytes = b"") -> tuple[dict[str, str], list[str]]:
+    """The environment and sys.path that ENV_PROBE printed; asserts it ran, printing ``stderr``."""
     returncode, out, err = result
-    clean = (0, b"")
+    clean = (0, stderr)
     assert clean == (returncode, err)
     seen = json.loads(out)
     return seen["environ"], seen["path"]
@@ -394,7 +394,7 @@ def environ_and_path(result: Result) -> tuple[dict[str, str], list[str]]:
     ],
 )
 def test_environment_of_the_program(tmp_path: Path, old: str | None, expected: str) -> None:
-    """Options override CGGUARD_*, others pass, ENABLED=1, bootstrap first on PYTHONPATH."""
+    """Options override CGGUARD_*, others pass (unknown ones warned of), ENABLED=1, PYTHONPATH."""
     write(tmp_path / "sub" / "cgg_env.py", ENV_PROBE)
     env = clean_environ(
         CGGUARD_MODE="raise",
@@ -406,7 +406,11 @@ def test_environment_of_the_program(tmp_path: Path, old: str | None, expected: s
         env["PYTHONPATH"] = old
     plain_environ, plain_path = environ_and_path(python(["sub/cgg_env.py"], tmp_path, env))
     runner_environ, runner_path = environ_and_path(
-        python([*RUNNER, *RUNNER_OPTIONS, "sub/cgg_env.py"], tmp_path, env)
+        python([*RUNNER, *RUNNER_OPTIONS, "sub/cgg_env.py"], tmp_path, env),
+        b"cgguard: ignoring CGGUARD_OTHER: no such variable; the variables are CGGUARD_ENABLED, "
+        b"CGGUARD_MODE, CGGUARD_LOG_FORMAT, CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, "
+        b"CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, "
+        b"CGGUARD_RULE_<RULE>\n",
     )
     assert {
         **plain_environ,
@@ -642,6 +646,15 @@ RULE_ERROR = (
     "raise, log, off\n"
 )
 
+PATH_ERROR = (
+    "cgguard run: error: argument {}: {}: "
+    "accepted values are a path (not blank, no NUL character)\n"
+)
+FILE_TARGET_ERROR = (
+    b"cgguard run: error: argument --log-target: 'file' needs a log file: --log-file PATH, "
+    b"or CGGUARD_LOG_FILE in the environment\n"
+)
+
 MARKER = """\
 import pathlib
 pathlib.Path("cgg_ran").write_text("ran")
@@ -715,6 +728,26 @@ ERRORS = [
         id="--report without its value",
     ),
     pytest.param(
+        ("run", "--report", "", "cgg_marker.py"),
+        USAGE.encode() + PATH_ERROR.format("--report", "''").encode(),
+        id="--report empty",
+    ),
+    pytest.param(
+        ("run", "--log-file=", "cgg_marker.py"),
+        USAGE.encode() + PATH_ERROR.format("--log-file", "''").encode(),
+        id="--log-file= empty",
+    ),
+    pytest.param(
+        ("run", "--log-file", " \t", "cgg_marker.py"),
+        USAGE.encode() + PATH_ERROR.format("--log-file", "' \\t'").encode(),
+        id="--log-file blank",
+    ),
+    pytest.param(
+        ("run", "--log-target", "file", "cgg_marker.py"),
+        USAGE.encode() + FILE_TARGET_ERROR,
+        id="--log-target file without a log file",
+    ),
+    pytest.param(
         ("run", "--mod", "log", "cgg_marker.py"),
         USAGE.encode() + b"cgguard run: error: unrecognized arguments: --mod\n",
         id="an abbreviated option",
@@ -762,6 +795,30 @@ def test_usage_errors_exit_2_and_run_nothing(
     write(tmp_path / "cgg_marker.py", MARKER)
     expected = ((2, b"", stderr), ["cgg_marker.py"])
     result = python(["-m", "cgguard", *args], tmp_path, clean_environ())
+    assert expected == (result, sorted(os.listdir(tmp_path)))
+
+
+def test_file_target_takes_the_log_file_from_the_environment(tmp_path: Path) -> None:
+    """--log-target file runs without --log-file when CGGUARD_LOG_FILE is set: the program's."""
+    write(tmp_path / "cgg_env.py", ENV_PROBE)
+    env = clean_environ(CGGUARD_LOG_FILE="cgg.log")
+    plain_environ, _ = environ_and_path(python(["cgg_env.py"], tmp_path, env))
+    runner = python([*RUNNER, "--log-target", "file", "cgg_env.py"], tmp_path, env)
+    runner_environ, _ = environ_and_path(runner)
+    assert {
+        **plain_environ,
+        "CGGUARD_LOG_TARGET": "file",
+        "CGGUARD_ENABLED": "1",
+        "PYTHONPATH": BOOT_DIR,
+    } == runner_environ
+
+
+def test_file_target_with_a_blank_log_file_in_the_environment_is_refused(tmp_path: Path) -> None:
+    """A blank CGGUARD_LOG_FILE is unset, as the program would read it: --log-target file fails."""
+    write(tmp_path / "cgg_marker.py", MARKER)
+    env = clean_environ(CGGUARD_LOG_FILE=" ")
+    result = python([*RUNNER, "--log-target", "file", "cgg_marker.py"], tmp_path, env)
+    expected = ((2, b"", USAGE.encode() + FILE_TARGET_ERROR), ["cgg_marker.py"])
     assert expected == (result, sorted(os.listdir(tmp_path)))
 
 

@@ -199,10 +199,10 @@ def test_import_adds_no_heavy_modules() -> None:
 
 def test_misspelt_rule_variable_is_reported() -> None:
     """A CGGUARD_RULE_ variable that names no rule is a problem line, not a silent no-op."""
-    values, sources, problems = _settings.read({"CGGUARD_RULE_NESTED": "off"})
+    values, sources, problems = _settings.read({"CGGUARD_RULE_BOGUS": "off"})
     assert (values, sources) == ({}, {})
     assert problems == [
-        "ignoring CGGUARD_RULE_NESTED: no such rule; the rule variables are "
+        "ignoring CGGUARD_RULE_BOGUS: no such rule; the rule variables are "
         "CGGUARD_RULE_CAPTURE_DISABLED, CGGUARD_RULE_NESTED_CAPTURE, "
         "CGGUARD_RULE_CONCURRENT_CAPTURE, CGGUARD_RULE_SYNC_DURING_CAPTURE, "
         "CGGUARD_RULE_ABANDONED_CAPTURE"
@@ -258,3 +258,191 @@ def test_runner_options_are_the_settings() -> None:
         "simulate_cuda",
         "vllm_bridge",
     ]
+
+
+@pytest.mark.parametrize(
+    ("name", "line"),
+    [
+        ("CGGUARD_MOD", "ignoring CGGUARD_MOD: no such variable; did you mean CGGUARD_MODE?"),
+        (
+            "CGGUARD_ENABLE",
+            "ignoring CGGUARD_ENABLE: no such variable; did you mean CGGUARD_ENABLED?",
+        ),
+        (
+            "CGGUARD_LOGFILE",
+            "ignoring CGGUARD_LOGFILE: no such variable; did you mean CGGUARD_LOG_FILE?",
+        ),
+        (
+            "CGGUARD_mode",
+            "ignoring CGGUARD_mode: no such variable; did you mean CGGUARD_MODE?",
+        ),
+        (
+            "CGGUARD_RULES_NESTED_CAPTURE",
+            "ignoring CGGUARD_RULES_NESTED_CAPTURE: no such variable; "
+            "did you mean CGGUARD_RULE_NESTED_CAPTURE?",
+        ),
+        (
+            "CGGUARD_SIMULATE",
+            "ignoring CGGUARD_SIMULATE: no such variable; did you mean CGGUARD_SIMULATE_CUDA?",
+        ),
+    ],
+)
+def test_unknown_variable_gets_the_closest_name(name: str, line: str) -> None:
+    """A CGGUARD_* variable that cgguard does not read is one problem line with the closest name."""
+    assert ({}, {}, [line]) == _settings.read({name: "log"})
+
+
+def test_unknown_variable_without_a_close_name_lists_the_variables() -> None:
+    """An unknown CGGUARD_* name like none of cgguard's is a problem line listing its variables."""
+    expected = (
+        {},
+        {},
+        [
+            "ignoring CGGUARD_XYZZY: no such variable; the variables are CGGUARD_ENABLED, "
+            "CGGUARD_MODE, CGGUARD_LOG_FORMAT, CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, "
+            "CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, "
+            "CGGUARD_RULE_<RULE>"
+        ],
+    )
+    assert expected == _settings.read({"CGGUARD_XYZZY": "1"})
+
+
+def test_unknown_variables_do_not_hide_known_ones() -> None:
+    """Unknown names are reported after the values, in the environment's order; others apply."""
+    environ = {
+        "CGGUARD_REPORTS": "r.json",
+        "CGGUARD_MODE": "log",
+        "CGGUARD_CAPTURE": "never",
+        "CGGUARD_MOD": "",  # a misspelt name is reported whatever its value, as rule names are
+        "CGGUARD_RULE_NESTED_CAPTURE": "off",
+    }
+    expected = (
+        {"mode": "log", "rules": {"nested_capture": "off"}},
+        {"mode": "CGGUARD_MODE", "rules.nested_capture": "CGGUARD_RULE_NESTED_CAPTURE"},
+        [
+            "ignoring CGGUARD_CAPTURE='never': accepted values are enabled, disabled",
+            "ignoring CGGUARD_REPORTS: no such variable; did you mean CGGUARD_REPORT?",
+            "ignoring CGGUARD_MOD: no such variable; did you mean CGGUARD_MODE?",
+        ],
+    )
+    assert expected == _settings.read(environ)
+
+
+def test_misspelt_rule_variable_gets_the_closest_rule() -> None:
+    """A CGGUARD_RULE_ variable close to a rule's variable names it."""
+    expected = (
+        {},
+        {},
+        [
+            "ignoring CGGUARD_RULE_NESTED: no such rule; did you mean CGGUARD_RULE_NESTED_CAPTURE?",
+            "ignoring CGGUARD_RULE_SYNC_DURING_CAPTUR: no such rule; "
+            "did you mean CGGUARD_RULE_SYNC_DURING_CAPTURE?",
+        ],
+    )
+    environ = {"CGGUARD_RULE_NESTED": "off", "CGGUARD_RULE_SYNC_DURING_CAPTUR": "raise"}
+    assert expected == _settings.read(environ)
+
+
+LONG = "x" * 10_000
+
+
+@pytest.mark.parametrize(
+    ("environ", "line"),
+    [
+        (
+            {"CGGUARD_MODE": LONG},
+            f"ignoring CGGUARD_MODE='{'x' * 199}... (10000 characters): "
+            "accepted values are raise, log",
+        ),
+        (
+            {"CGGUARD_RULE_NESTED_CAPTURE": LONG},
+            f"ignoring CGGUARD_RULE_NESTED_CAPTURE='{'x' * 199}... (10000 characters): "
+            "accepted values are raise, log, off",
+        ),
+        (
+            {"CGGUARD_SIMULATE_CUDA": "yes " + LONG},
+            f"ignoring CGGUARD_SIMULATE_CUDA='yes {'x' * 195}... (10004 characters): "
+            "accepted values are 1/true/yes/on or 0/false/no/off",
+        ),
+        (
+            {"CGGUARD_" + LONG: "1"},
+            f"ignoring CGGUARD_{'x' * 192}... (10008 characters): no such variable; "
+            "the variables are CGGUARD_ENABLED, CGGUARD_MODE, CGGUARD_LOG_FORMAT, "
+            "CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, CGGUARD_REPORT, CGGUARD_CAPTURE, "
+            "CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, CGGUARD_RULE_<RULE>",
+        ),
+    ],
+)
+def test_long_values_are_cut_in_problem_lines(environ: dict[str, str], line: str) -> None:
+    """A value or name of 10,000 characters shows its first 200 and its length, not all of it."""
+    assert ({}, {}, [line]) == _settings.read(environ)
+
+
+def test_path_with_a_nul_character_is_a_problem() -> None:
+    """A path with a NUL character (possible in a mapping, not in an environment) is refused."""
+    expected = (
+        {"log_file": "ok.log"},
+        {"log_file": "CGGUARD_LOG_FILE"},
+        [
+            "ignoring CGGUARD_REPORT='r\\x00.json': "
+            "accepted values are a path (not blank, no NUL character)"
+        ],
+    )
+    assert expected == _settings.read({"CGGUARD_REPORT": "r\0.json", "CGGUARD_LOG_FILE": "ok.log"})
+
+
+def test_values_that_are_not_text_are_problems() -> None:
+    """A mapping built in code may hold other values than text: each is refused, none raises."""
+    environ: dict[object, object] = {
+        "CGGUARD_MODE": 1,
+        "CGGUARD_SIMULATE_CUDA": True,
+        "CGGUARD_REPORT": b"r.json",
+        "CGGUARD_RULE_NESTED_CAPTURE": None,
+        ("CGGUARD_MOD",): "log",
+        7: "x",
+    }
+    expected = (
+        {},
+        {},
+        [
+            "ignoring CGGUARD_MODE=1: accepted values are raise, log",
+            "ignoring CGGUARD_REPORT=b'r.json': "
+            "accepted values are a path (not blank, no NUL character)",
+            "ignoring CGGUARD_SIMULATE_CUDA=True: "
+            "accepted values are 1/true/yes/on or 0/false/no/off",
+            "ignoring CGGUARD_RULE_NESTED_CAPTURE=None: accepted values are raise, log, off",
+        ],
+    )
+    assert expected == _settings.read(environ)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("short", "'short'"),
+        ("x" * 198, "'" + "x" * 198 + "'"),  # the quotes count: 200 characters in all
+        ("x" * 199, "'" + "x" * 199 + "... (199 characters)"),
+        (LONG, "'" + "x" * 199 + "... (10000 characters)"),
+        (list(range(1000)), str(list(range(1000)))[:200] + "... (a repr of 4890 characters)"),
+    ],
+)
+def test_shown_cuts_at_200_characters(value: object, shown: str) -> None:
+    """shown(): the repr when it fits in 200 characters, else its first 200 and the length."""
+    assert shown == _settings.shown(value)
+
+
+def test_shown_survives_a_failing_repr() -> None:
+    """A value whose repr raises is shown by its type and address, never by an exception."""
+
+    class Nasty:
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr")
+
+    nasty = Nasty()
+    assert object.__repr__(nasty) == _settings.shown(nasty)
+
+
+def test_the_report_owner_mark_is_no_unknown_variable() -> None:
+    """CGGUARD_REPORT_OWNER, which cgguard sets for the children of a report's writer, is no
+    mistake to warn about."""
+    assert _settings.read({"CGGUARD_REPORT_OWNER": "12"})[2] == []
