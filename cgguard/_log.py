@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from cgguard._frames import format_frames
 from cgguard._rules import RULES
+from cgguard._settings import shown
 from cgguard._warn import warn_once
 
 if TYPE_CHECKING:
@@ -178,7 +179,8 @@ class EventLog:
                 return
             warn_once(
                 f"log_file:{self.log_file}",
-                f"cannot write to log file {self.log_file!r} ({exc}); events go to stderr",
+                f"cannot write to log file {shown(self.log_file)} "
+                f"({getattr(exc, 'strerror', None) or exc}); events go to stderr",
             )
             self._use(_StderrSink())
             self.emit(event)

@@ -19,7 +19,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from cgguard._events import document
-from cgguard._settings import REPORT_OWNER
+from cgguard._settings import REPORT_OWNER, shown
 from cgguard._warn import warn_once
 
 if TYPE_CHECKING:
@@ -108,7 +108,8 @@ class ReportFile:
                     os.unlink(temporary)
                     raise
         except Exception as exc:
-            warn_once(f"report:{path}", f"cannot write the report {path!r}: {exc}")
+            reason = getattr(exc, "strerror", None) or exc  # an OSError's text repeats the path
+            warn_once(f"report:{path}", f"cannot write the report {shown(path)}: {reason}")
 
     def _may_replace(self, path: str) -> bool:
         """Whether ``path`` may be replaced: missing, or a regular file not holding another
@@ -122,7 +123,7 @@ class ReportFile:
             # a report path of /dev/null would replace the machine's /dev/null.
             warn_once(
                 f"report:{path}",
-                f"not writing the report {path!r}: it is not a regular file",
+                f"not writing the report {shown(path)}: it is not a regular file",
             )
             return False
         if self.ledger.sites():
@@ -146,7 +147,7 @@ class ReportFile:
         if owner and owner != str(os.getpid()):
             warn_once(
                 f"report-shared:{self.template}",
-                f"the report path {self.template!r} has no {{pid}}: this process "
+                f"the report path {shown(self.template)} has no {{pid}}: this process "
                 f"({os.getpid()}) and process {owner}, which started it, write the same file; "
                 "put {pid} in the path to keep one report per process",
             )
