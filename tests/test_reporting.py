@@ -1099,3 +1099,26 @@ def test_a_killed_worker_s_report_holds_its_counts(tmp_path: Path) -> None:
         {"capture_disabled": 50},
         [50],
     )
+
+
+def test_identical_helpers_in_two_files_are_two_sites(tmp_path: Path) -> None:
+    """The same helper vendored by two packages: code objects equal by content, yet two sites,
+    each under its own file."""
+    cgguard.install(cgguard.Config(mode="log", log_file=os.devnull, capture="disabled"))
+    source = "def helper(violate, snapshot):\n    violate(snapshot(0)[:2])\n"
+    helpers = []
+    for package in ("vendor_a", "vendor_b"):
+        namespace: dict[str, Any] = {}
+        filename = str(tmp_path / package / "helper.py")
+        exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - two copies of one helper
+        helpers.append((filename, namespace["helper"]))
+    assert helpers[0][1].__code__ == helpers[1][1].__code__  # why a site is keyed by identity
+    for _, helper in helpers:
+        helper(violate, snapshot)
+    assert _guard.current is not None
+    assert [
+        (s.count, s.code.co_filename if s.code else None) for s in _guard.current.ledger.sites()
+    ] == [
+        (1, helpers[0][0]),
+        (1, helpers[1][0]),
+    ]
