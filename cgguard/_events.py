@@ -94,6 +94,7 @@ class ReportDocument(_Ranked):
     config: dict[str, object]
     totals: dict[str, int]
     violations: list[ReportViolation]
+    job: NotRequired[str]  # the run sharing a report path without {pid}
 
 
 def ranks() -> dict[str, int | str]:
@@ -116,12 +117,14 @@ def timestamp(now: float) -> str:
 
 
 def _common(
-    rule: str, api: str, action: str, count: int, thread: threading.Thread | None = None
+    rule: str, api: str, action: str, count: int, thread: tuple[str, int | None] | None = None
 ) -> dict[str, object]:
-    """The keys every violation event starts with, in schema order; ``thread`` where it
-    happened, if not the calling thread."""
+    """The keys every violation event starts with, in schema order; ``thread`` (name, id)
+    where it happened, if not on the calling thread."""
     now = time.time()
-    thread = thread or threading.current_thread()
+    if thread is None:
+        current = threading.current_thread()
+        thread = (current.name, current.ident)
     event: dict[str, object] = {
         "event": "cgguard.capture_violation",
         "level": "error" if action == "raised" else "warning",
@@ -130,8 +133,8 @@ def _common(
         "api": api,
         "message": "",
         "count": count,
-        "thread": thread.name,
-        "thread_id": thread.ident,
+        "thread": thread[0],
+        "thread_id": thread[1],
         "pid": os.getpid(),
     }
     event.update(ranks())
@@ -148,7 +151,7 @@ def violation(
     *,
     action: str,
     count: int,
-    thread: threading.Thread | None = None,
+    thread: tuple[str, int | None] | None = None,
 ) -> ViolationEvent:
     """A violation as the full event the README documents.
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import functools
 import sys
-from threading import Thread, current_thread, get_ident
+import threading
+import weakref
+from threading import current_thread, get_ident
 from typing import TYPE_CHECKING, Any
 
 from cgguard import _events
@@ -40,12 +42,50 @@ API_SYNCHRONIZE = "torch.cuda.synchronize"
 API_STREAM_SYNCHRONIZE = "Stream.synchronize"
 API_EVENT_SYNCHRONIZE = "Event.synchronize"
 
+class _Mark:
+    """An object that lives exactly as long as its thread."""
+
+    __slots__ = ("__weakref__",)
+
+
+class ThreadRef(weakref.ref[_Mark]):
+    """A thread as captures remember it: its name and id, and whether it still runs (the
+    reference is dead once the thread has ended)."""
+
+    __slots__ = ("ident", "name")
+
+    def __new__(cls, mark: _Mark, thread: threading.Thread) -> ThreadRef:
+        # weakref.ref's own __new__ would take ``thread`` for a callback.
+        return super().__new__(cls, mark)
+
+    def __init__(self, mark: _Mark, thread: threading.Thread) -> None:
+        # No super().__init__(): weakref.ref does all its work in __new__.
+        self.name = thread.name
+        self.ident = thread.ident
+
+
+# One mark per running thread, held only by that thread's local storage, which Python clears
+# when the thread ends, whoever started it (threading, _thread, C code). A weak reference to it
+# dies with the thread: neither the thread's id, which the next thread may reuse at once, nor
+# threading's _DummyThread, which never says it ended, nor the main thread, which threading
+# counts as stopped while exit handlers still run on it, could tell that.
+_marks = threading.local()
+
+
+def this_thread() -> ThreadRef:
+    """The calling thread, as captures remember it: the same object for every call on it."""
+    try:
+        ref: ThreadRef = _marks.ref
+    except AttributeError:
+        mark = _marks.mark = _Mark()
+        ref = _marks.ref = ThreadRef(mark, current_thread())
+    return ref
+
+
 # A capture that has begun, as the capture path keeps it: a plain tuple, since anything with a
 # constructor of its own costs several times a tuple display, and most records are never read.
 # (id() of the CUDAGraph, the thread that began it, api, capture_error_mode, where it began).
-# The thread itself, not its id: ids are reused as soon as a thread exits, and a capture left
-# by a dead thread must not make the next thread with its id look nested.
-Record = tuple[int, Thread, str, str, "Snapshot | LiveStack"]
+Record = tuple[int, ThreadRef, str, str, "Snapshot | LiveStack"]
 
 Found = list[tuple[str, "Record | None"]]  # (rule, the capture that caused it, if any)
 
@@ -271,13 +311,13 @@ class Guard:
         self, api: str, key: int, mode: str, stack: Snapshot | LiveStack
     ) -> tuple[Record, tuple[int, ...]]:
         """check_begin(), with the keys of the active captures the attempt was checked against."""
-        record = (key, current_thread(), api, mode, stack)
+        record = (key, this_thread(), api, mode, stack)
         # The common case costs three reads: nothing capturing, capture enabled, no followed flag.
         if not self.active and self.flag.enabled and not self.follows:
             return record, ()
         if self.retired:
             return record, ()
-        self._drop_abandoned()
+        self.drop_abandoned()
         try:
             # Keys first: a capture begun between the two reads is checked now and, not being
             # among the keys, once more at capture_begin; none is missed.
@@ -303,7 +343,7 @@ class Guard:
         _, thread, api, mode, stack = begun
         if self.retired:
             return
-        self._drop_abandoned()
+        self.drop_abandoned()
         try:
             since = [r for k, r in list(self.active.items()) if k not in seen]
             found = [
@@ -323,8 +363,8 @@ class Guard:
         """Check a synchronize made by the caller's caller; report, maybe raise, before CUDA."""
         if self.retired:
             return
-        self._drop_abandoned()
-        ident, thread = get_ident(), current_thread()
+        self.drop_abandoned()
+        ident, thread = get_ident(), this_thread()
         try:
             if self.config.action("nested_capture") != "off" and any(
                 entering_thread == ident for entering_thread, _ in list(self.entering)
@@ -345,10 +385,15 @@ class Guard:
         if error is not None:
             raise error
 
-    def _drop_abandoned(self) -> None:
+    def drop_abandoned(self) -> None:
         """Forget, and report once, the captures of threads that have ended."""
         try:
-            dead = [(k, r) for k, r in list(self.active.items()) if not r[1].is_alive()]
+            # Relaxed captures are left alone: CUDA lets another thread end them.
+            dead = [
+                (k, r)
+                for k, r in list(self.active.items())
+                if r[1]() is None and r[3] != "relaxed"
+            ]
         except Exception as exc:
             warn_once("guard:threads", f"internal error while checking threads: {exc!r}")
             return
@@ -422,14 +467,14 @@ class Guard:
         self, rule: str, api: str, stack: Snapshot, cause: Record | None, *, action: str, count: int
     ) -> ViolationEvent:
         if rule == "abandoned_capture" and cause is not None:
-            thread = cause[1]
-            told = Cause(f"thread {thread.name!r} ({thread.ident})", thread.ident, cause[3])
+            name, ident = _names_of(cause[1])
+            told = Cause(f"thread {name!r} ({ident})", ident, cause[3])
             return _events.violation(
-                rule, api, stack, None, told, action=action, count=count, thread=thread
+                rule, api, stack, None, told, action=action, count=count, thread=(name, ident)
             )
         if cause is not None:
             _, thread, began_by, mode, began_at = cause
-            told = Cause(f"begun at {{where}} via {began_by}", thread.ident, mode)
+            told = Cause(f"begun at {{where}} via {began_by}", _names_of(thread)[1], mode)
             return _events.violation(
                 rule, api, stack, resolve(began_at), told, action=action, count=count
             )
@@ -470,7 +515,7 @@ class Guard:
                 warn_once("listener", f"a violation listener failed: {exc!r}")
 
 
-def find_violations(enabled: bool, thread: Thread, mode: str, active: Iterable[Record]) -> Found:
+def find_violations(enabled: bool, thread: object, mode: str, active: Iterable[Record]) -> Found:
     """The rules a capture attempt on ``thread`` in ``mode`` breaks, each with its cause."""
     found: Found = []
     if not enabled:
@@ -490,12 +535,17 @@ def find_violations(enabled: bool, thread: Thread, mode: str, active: Iterable[R
     return found
 
 
-def find_sync_violation(thread: Thread, active: Iterable[Record]) -> Record | None:
+def find_sync_violation(thread: object, active: Iterable[Record]) -> Record | None:
     """The capture a synchronize on ``thread`` would break, if any."""
     for record in active:
         if record[1] == thread:  # its thread
             return record
     return None
+
+
+def _names_of(thread: ThreadRef) -> tuple[str, int | None]:
+    """The name and id of a capture's thread, running or ended."""
+    return thread.name, thread.ident
 
 
 def _not_known() -> bool:

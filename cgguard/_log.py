@@ -7,6 +7,7 @@ library's logging is only used when asked for (log target "logging").
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import TYPE_CHECKING, Any
@@ -53,11 +54,19 @@ class _FileSink:
         data = memoryview((message + "\n").encode("utf-8", "backslashreplace"))
         # write(2) may write less than asked (a disk nearly full): finish the line, or fail,
         # which EventLog reports once before going on with stderr.
-        while data:
-            written = os.write(self.fd, data)
-            if written <= 0:
-                raise OSError(f"wrote {written} of {len(data)} bytes")
-            data = data[written:]
+        whole = len(data)
+        try:
+            while data:
+                written = os.write(self.fd, data)
+                if written <= 0:
+                    raise OSError(f"wrote {whole - len(data)} of {whole} bytes")
+                data = data[written:]
+        except OSError:
+            if len(data) < whole:
+                # End the cut line, so that the next line in a shared file still parses.
+                with contextlib.suppress(OSError):
+                    os.write(self.fd, b"\n")
+            raise
 
     error = warning = msg
 

@@ -3,10 +3,10 @@
 A worker killed by SIGTERM, or ended with os._exit as multiprocessing ends its workers, runs no
 exit handler, so a report written only at exit would lose its violations. The report is
 rewritten when a new distinct violation appears: by the capturing thread itself while the
-report is small, so that it is on disk before the program goes on, and beyond that by a thread
-of cgguard's own, since a rewrite costs time in proportion to the sites it holds. Counts reach
-the disk within half a second. The file is replaced atomically (a temporary file renamed over
-it), and written a last time at exit or uninstall.
+report is small enough, so that it is on disk before the program goes on, and beyond that by a
+thread of cgguard's own, since a rewrite costs time in proportion to the sites it holds. Counts
+reach the disk within half a second. The file is replaced atomically (a temporary file renamed
+over it), and written a last time at exit, at uninstall, and when a multiprocessing worker ends.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 import stat
+import sys
 import threading
 from typing import TYPE_CHECKING
 
@@ -26,14 +27,16 @@ if TYPE_CHECKING:
     from cgguard._config import Config
     from cgguard._ledger import Ledger
 
-# How long counts may lag behind on disk.
+# How long counts may lag behind on disk, at most.
 INTERVAL = 0.5
-# Up to this many sites, the capturing thread writes a new site's report itself: a bounded cost
-# (a few kilobytes of JSON), and the report is complete before the program can be killed.
-WRITTEN_AT_ONCE = 16
+# Up to this many sites, the capturing thread writes a new site's report itself. Each such
+# write is bounded (this many sites of JSON), and about 3 s go to them in all, once per run;
+# a report of more sites has its new sites written by the writing thread within milliseconds.
+WRITTEN_AT_ONCE = 256
 
-# Set in the environment by a process whose report path has no {pid}, so that the processes
-# it starts, which inherit both, can say that they would write the same file.
+# CGGUARD_REPORT_OWNER, set by the first process that writes a report path without {pid} and
+# inherited by the processes it starts: "PID:JOB:PATH". JOB names the run, so that a process of
+# the same run without violations leaves the file alone, while a later run replaces it.
 OWNER = REPORT_OWNER
 
 
@@ -51,26 +54,44 @@ class ReportFile:
         self.ledger = ledger
         # Resolved once: a program that changes directory must not scatter its reports.
         self.template = os.path.abspath(config.report)
+        self.job: str | None = None  # the run sharing this path, where the path has no {pid}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._dirty = False
+        self._idle = False
         self._closed = False
+        self._in_place = False  # no writing thread could be started
         self._thread: threading.Thread | None = None
+        self._finalized_in = 0  # the process whose multiprocessing finalizers close this
         self._claim()
+        if len(ledger):  # switched to this path with violations already seen
+            self.write()
 
     def changed(self, *, new_site: bool) -> None:
         """Note that the ledger changed: a new site is written at once, a count soon."""
-        if new_site and len(self.ledger) <= WRITTEN_AT_ONCE:
-            self.write()
-            return
-        self._dirty = True
-        if self._thread is None:
-            self._start()
-        if new_site:
-            self._wake.set()
+        try:
+            if self._finalized_in != os.getpid():
+                self._finalize_with_multiprocessing()
+            if new_site and len(self.ledger) <= WRITTEN_AT_ONCE:
+                self.write()
+                return
+            self._dirty = True
+            if self._thread is None and not self._in_place:
+                self._start()
+            if self._in_place:
+                if new_site:
+                    self.write()
+                return
+            if new_site or self._idle:
+                self._idle = False
+                self._wake.set()
+        except Exception as exc:
+            warn_once("report:changed", f"cannot keep the report current: {exc!r}")
 
     def close(self) -> None:
-        """Stop the writing thread and write the final report."""
+        """Stop the writing thread and write the final report; once."""
+        if self._closed:
+            return
         self._closed = True
         self._wake.set()
         thread = self._thread
@@ -83,8 +104,9 @@ class ReportFile:
         self.ledger = ledger
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._dirty = False
+        self._dirty = self._idle = False
         self._thread = None
+        self._claim()
 
     def write(self) -> None:
         """Write the report now; one warning if that fails."""
@@ -95,7 +117,10 @@ class ReportFile:
             with self._lock:
                 if not self._may_replace(path):
                     return
-                text = json.dumps(document(self.config, self.ledger), indent=2) + "\n"
+                body = document(self.config, self.ledger)
+                if self.job is not None:
+                    body["job"] = self.job
+                text = json.dumps(body, indent=2) + "\n"
                 temporary = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
                 # 0o666 less the umask, like any file the program creates: a collector running
                 # as another user can read it (tempfile.mkstemp would make it 0o600).
@@ -112,8 +137,8 @@ class ReportFile:
             warn_once(f"report:{path}", f"cannot write the report {shown(path)}: {reason}")
 
     def _may_replace(self, path: str) -> bool:
-        """Whether ``path`` may be replaced: missing, or a regular file not holding another
-        process's violations when this one has none."""
+        """Whether ``path`` may be replaced: missing, or a regular file that does not hold the
+        violations of another process of this run when this one has none."""
         try:
             mode = os.lstat(path).st_mode
         except FileNotFoundError:
@@ -126,47 +151,78 @@ class ReportFile:
                 f"not writing the report {shown(path)}: it is not a regular file",
             )
             return False
-        if self.ledger.sites():
+        if len(self.ledger) or self.job is None:
             return True
-        # Nothing to say: never replace another process's violations with an empty report
-        # (a launcher that outlives its worker, sharing a path without {pid}).
+        # Nothing to say: never replace the violations of another process of this run (a
+        # launcher that outlives its worker, a program that re-executes itself) with an empty
+        # report. A report of another run is replaced.
         try:
             with open(path, encoding="utf-8") as existing:
                 held = json.load(existing)
         except (OSError, ValueError):
             return True
-        return not (
-            isinstance(held, dict) and held.get("pid") != os.getpid() and held.get("violations")
-        )
+        same_run = isinstance(held, dict) and held.get("job") == self.job
+        return not (same_run and held.get("violations"))
 
     def _claim(self) -> None:
-        """Warn when this process shares a report path without {pid} with the one it came from."""
+        """For a path without {pid}: join the run that writes it, or start one; warn a process
+        that shares it with the process it came from."""
         if "{pid}" in self.template:
+            self.job = None
             return
-        owner = os.environ.get(OWNER, "")
-        if owner and owner != str(os.getpid()):
-            warn_once(
-                f"report-shared:{self.template}",
-                f"the report path {shown(self.template)} has no {{pid}}: this process "
-                f"({os.getpid()}) and process {owner}, which started it, write the same file; "
-                "put {pid} in the path to keep one report per process",
-            )
-        else:
-            os.environ[OWNER] = str(os.getpid())
+        pid, job, path = [*os.environ.get(OWNER, "").split(":", 2), "", ""][:3]
+        if path == self.template and job:
+            self.job = job
+            if pid != str(os.getpid()):
+                warn_once(
+                    f"report-shared:{self.template}",
+                    f"the report path {shown(self.template)} has no {{pid}}: this process "
+                    f"({os.getpid()}) and process {pid}, which started it, write the same file; "
+                    "put {pid} in the path to keep one report per process",
+                )
+            return
+        self.job = secrets.token_hex(8)
+        os.environ[OWNER] = f"{os.getpid()}:{self.job}:{self.template}"
+
+    def _finalize_with_multiprocessing(self) -> None:
+        # A multiprocessing worker ends with os._exit, past every exit handler, but runs the
+        # finalizers multiprocessing keeps first. Registered at this process's first violation:
+        # a forked worker clears the registry it inherits before its target runs, and a worker
+        # always has multiprocessing loaded by then.
+        self._finalized_in = os.getpid()
+        util = sys.modules.get("multiprocessing.util")
+        finalize = getattr(util, "Finalize", None)
+        if finalize is not None:
+            try:
+                finalize(None, self.close, exitpriority=10)
+            except Exception as exc:
+                warn_once("report:finalize", f"no final report for this worker: {exc!r}")
 
     def _start(self) -> None:
         with self._lock:
             if self._thread is not None or self._closed:
                 return
-            self._thread = threading.Thread(target=self._run, name="cgguard-report", daemon=True)
-            self._thread.start()
+            thread = threading.Thread(target=self._run, name="cgguard-report", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError as exc:  # no new thread to be had: write in place instead
+                warn_once("report:thread", f"the report is written in place: {exc}")
+                self._in_place = True
+                return
+            self._thread = thread
 
     def _run(self) -> None:
         while not self._closed:
-            self._wake.wait(timeout=INTERVAL)
+            # Idle until something changes: a process with a settled report costs nothing.
+            self._idle = True
+            if not self._dirty:
+                self._wake.wait()
+            self._idle = False
             self._wake.clear()
             if self._closed:
                 return
             if self._dirty:
                 self._dirty = False
                 self.write()
+            # At most two writes a second for counts; a new site cuts the wait short.
+            self._wake.wait(INTERVAL)

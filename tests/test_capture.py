@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import time
 import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -659,42 +660,57 @@ def test_a_hook_held_after_uninstall_lets_everything_through(
 
 
 @pytest.mark.simulated
+@pytest.mark.parametrize("start", ["threading", "_thread"])
 def test_a_capture_left_by_a_thread_that_ended_is_abandoned_not_nested(
-    events: list[dict[str, Any]],
+    start: str, events: list[dict[str, Any]]
 ) -> None:
-    """A thread that ends inside its capture: the capture is reported once as abandoned and
-    dropped; no later capture, on this thread or one reusing its id, is nested or concurrent."""
+    """A thread that ends inside its capture (started by threading, or by _thread as C code
+    starts threads): the capture is reported once as abandoned and dropped. No later capture is
+    nested in it or concurrent with it, not even one on a thread that reuses its id."""
+    import _thread
+
     from cgguard.testing import simulated_cuda
 
     with simulated_cuda():
         install()
         idents: list[int] = []
+        ended = threading.Event()
 
         def leaves_a_capture() -> None:
             idents.append(threading.get_ident())
-            # Relaxed, so that CUDA lets the other threads' own captures synchronize.
+            # Thread-local: CUDA holds it against its own thread only, not this one.
             with torch.cuda.stream(torch.cuda.Stream()):
-                torch.cuda.CUDAGraph().capture_begin(capture_error_mode="relaxed")  # @abandoned
+                graph = torch.cuda.CUDAGraph()
+                graph.capture_begin(capture_error_mode="thread_local")  # @abandoned
+            ended.set()
 
-        def captures() -> None:
-            idents.append(threading.get_ident())
-            with torch.cuda.graph(torch.cuda.CUDAGraph()):
-                pass
-
-        gone = threading.Thread(target=leaves_a_capture, name="leaver")
-        gone.start()
-        gone.join()
-        join_all(run_in_thread(captures))  # often the ended thread's id again
-        with torch.cuda.graph(torch.cuda.CUDAGraph()):  # and on this thread
+        if start == "threading":
+            gone = threading.Thread(target=leaves_a_capture, name="leaver")
+            gone.start()
+            gone.join()
+        else:
+            _thread.start_new_thread(leaves_a_capture, ())
+            assert ended.wait(timeout=20)
+            time.sleep(0.2)  # past the end of the raw thread, which cannot be joined
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):  # global: concurrent, if it counted
             pass
+        reused: list[object] = []
+
+        def begins_on_a_new_thread() -> None:  # often the ended thread's id again
+            idents.append(threading.get_ident())
+            assert _guard.current is not None
+            reused.append(_guard.current.check_begin(_guard.API_CAPTURE_BEGIN, 1, "global", ()))
+
+        join_all(run_in_thread(begins_on_a_new_thread))
     abandoned = frame("@abandoned", "leaves_a_capture")
+    name = "leaver" if start == "threading" else events[0]["thread"]
     assert [(e["rule"], e["thread"], e["thread_id"], e["stack"][-1]) for e in events] == [
-        ("abandoned_capture", "leaver", idents[0], abandoned)
+        ("abandoned_capture", name, idents[0], abandoned)
     ]
     assert events[0]["message"] == (
         f"Abandoned CUDA graph capture: CUDAGraph.capture_begin at {__file__}:"
-        f"{abandoned['line']} (in leaves_a_capture) began a capture on thread 'leaver' "
+        f"{abandoned['line']} (in leaves_a_capture) began a capture on thread {name!r} "
         f"({idents[0]}), which ended while the capture was active. cgguard no longer counts "
         "it; CUDA may still be capturing on its stream."
     )
-    assert cgguard.status().captures == ()
+    assert (len(reused), cgguard.status().captures) == (1, ())

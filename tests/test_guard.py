@@ -75,14 +75,14 @@ def _no_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class AliveThread:
-    """Stands in for another thread, alive: what cgguard reads of a threading.Thread."""
+    """Stands in for another running thread, as captures remember it (a _guard.ThreadRef)."""
 
     def __init__(self, ident: int) -> None:
         self.ident = ident
         self.name = f"thread-{ident}"
 
-    def is_alive(self) -> bool:
-        return True
+    def __call__(self) -> object:
+        return self  # a live reference: the thread runs
 
 
 _threads: dict[int, Any] = {}
@@ -91,7 +91,7 @@ _threads: dict[int, Any] = {}
 def thread(ident: int) -> Any:
     """This thread for its own id; a stand-in, one per id, for any other."""
     if ident == threading.get_ident():
-        return threading.current_thread()
+        return _guard.this_thread()
     return _threads.setdefault(ident, AliveThread(ident))
 
 
@@ -196,7 +196,7 @@ def test_check_begin_returns_the_record_to_activate() -> None:
     got = guard().check_begin(_guard.API_CAPTURE_BEGIN, 42, "relaxed", stack)
     assert got == (
         42,
-        threading.current_thread(),
+        _guard.this_thread(),
         "CUDAGraph.capture_begin",
         "relaxed",
         stack,
@@ -255,7 +255,7 @@ def test_nested_event_is_the_documented_schema(events: list[dict[str, object]]) 
     cgguard.install(cgguard.Config(mode="log"))
     outer = (
         5,
-        threading.current_thread(),
+        _guard.this_thread(),
         _guard.API_CAPTURE_BEGIN,
         "global",
         stack_of(outer_begins),
@@ -331,7 +331,7 @@ def test_sync_event_is_the_documented_schema(events: list[dict[str, object]]) ->
     cgguard.install()
     mine = (
         5,
-        threading.current_thread(),
+        _guard.this_thread(),
         _guard.API_CAPTURE_BEGIN,
         "global",
         stack_of(outer_begins),
@@ -608,7 +608,7 @@ def test_sync_during_a_relaxed_capture_says_cuda_lets_it_through(
     cgguard.install()
     mine = (
         5,
-        threading.current_thread(),
+        _guard.this_thread(),
         _guard.API_CAPTURE_BEGIN,
         "relaxed",
         stack_of(outer_begins),
@@ -779,3 +779,20 @@ def test_each_kind_of_internal_error_gets_its_own_warning(
         "cgguard: internal error while checking a synchronize, not checked: LookupError('sync')",
         "cgguard: internal error while reporting a violation: LookupError('report')",
     ]
+
+
+def test_a_relaxed_capture_outlives_its_thread(events: list[dict[str, object]]) -> None:
+    """A relaxed capture whose thread ended is not abandoned: CUDA lets another thread end it.
+    A thread-local one is, once."""
+    refs: list[Any] = []
+    ended = threading.Thread(target=lambda: refs.append(_guard.this_thread()))
+    ended.start()
+    ended.join()
+    assert refs[0]() is None  # the thread's mark went with it
+    cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
+    stack = stack_of(outer_begins)
+    guard().active[1] = (1, refs[0], _guard.API_CAPTURE_BEGIN, "relaxed", stack)
+    guard().active[2] = (2, refs[0], _guard.API_CAPTURE_BEGIN, "thread_local", stack)
+    for _ in range(2):
+        guard().drop_abandoned()
+    assert (sorted(guard().active), [e["rule"] for e in events]) == ([1], ["abandoned_capture"])

@@ -482,3 +482,36 @@ def test_a_relative_log_file_is_resolved_once(
     log.close()
     assert (tmp_path / "events.jsonl").is_file()
     assert os.listdir(tmp_path / "elsewhere") == []
+
+
+def test_a_line_cut_by_a_full_disk_is_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Part of a line written, then no room: the part is ended with a newline, so that the next
+    process's line in a shared file still parses."""
+    import errno
+
+    import cgguard._log as log_module
+
+    real_write = os.write
+    calls: list[int] = []
+
+    def filling_write(fd: int, data: bytes) -> int:
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data[:10]))
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, bytes(data))  # the newline that ends the cut line
+
+    path = tmp_path / "events.jsonl"
+    log = EventLog("json", str(path))
+    monkeypatch.setattr(log_module.os, "write", filling_write)
+    log.emit(nested_event())
+    monkeypatch.undo()
+    log.close()
+    with path.open("a") as shared:
+        shared.write('{"next": "process"}\n')
+    lines = path.read_text().splitlines()
+    assert (len(lines[0]), json.loads(lines[1])) == (10, {"next": "process"})
+    assert "No space left on device" in capsys.readouterr().err

@@ -308,6 +308,42 @@ def test_violation_in_a_fixture_errors_the_test_at_setup(guarded: Session) -> No
     )
 
 
+GUARDED["test_leak"] = """
+    import threading
+
+    import torch
+    from cgguard.testing import simulated_cuda
+
+
+    def test_leaks_a_capture():
+        def leave():
+            with torch.cuda.stream(torch.cuda.Stream()):
+                torch.cuda.CUDAGraph().capture_begin(capture_error_mode="thread_local")
+
+        with simulated_cuda():
+            thread = threading.Thread(target=leave)
+            thread.start()
+            thread.join()
+
+
+    def test_innocent():
+        pass
+"""
+
+
+@pytest.mark.xdist_group("pytest_plugin-guarded")
+def test_a_capture_abandoned_by_a_test_s_thread_fails_that_test(guarded: Session) -> None:
+    """A thread the test started ended inside a capture: that test fails, not the next one."""
+    expected = {
+        "test_leak.py::test_leaks_a_capture": "failed",
+        "test_leak.py::test_innocent": "passed",
+    }
+    assert expected == guarded.outcomes("test_leak.py")
+    guarded.section("test_leaks_a_capture").fnmatch_lines(
+        ["cgguard: abandoned_capture violation during the test"]
+    )
+
+
 GUARDED["test_clean"] = """
     import torch
     from cgguard.testing import simulated_cuda

@@ -352,7 +352,7 @@ def test_another_rule_at_the_same_line_is_another_site(tmp_path: Path) -> None:
     cgguard.install(cgguard.Config(mode="log", log_file=str(log), capture="disabled"))
     outer_stack = here()  # outer
     assert _guard.current is not None
-    _guard.current.active[7] = (7, threading.current_thread(), API, "global", outer_stack)
+    _guard.current.active[7] = (7, _guard.this_thread(), API, "global", outer_stack)
     for _ in range(2):
         violate(here())  # two-rules
     function = "test_another_rule_at_the_same_line_is_another_site"
@@ -525,7 +525,10 @@ def test_no_summary_without_a_violation(tmp_path: Path) -> None:
     assert (result.returncode, result.stderr) == (0, "")
     child = json.loads(result.stdout)
     assert read_events(log) == []
-    assert read_report(report) == report_document(
+    document = read_report(report)
+    # A path without {pid} names its run, so that the run's processes do not erase each other.
+    assert re.fullmatch("[0-9a-f]{16}", document.pop("job"))
+    assert document == report_document(
         config_section(mode="log", log_file=str(log), report=str(report)),
         {},
         [],
@@ -1039,36 +1042,58 @@ def test_the_capturing_thread_stops_writing_once_the_report_is_large(
     assert report_when(report, {"capture_disabled": sites})["totals"] == {"capture_disabled": sites}
 
 
-def test_a_process_without_violations_keeps_another_process_s_report(tmp_path: Path) -> None:
-    """A shared report path (no {pid}) holding another process's violations is not replaced by
-    an empty report at exit or uninstall."""
+def test_a_process_without_violations_keeps_its_run_s_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A report holding the violations of another process of the same run (a path without
+    {pid}) is not replaced by an empty one at exit or uninstall."""
+    from cgguard._report import OWNER
+
     report = tmp_path / "report.json"
-    held = {"pid": 1, "totals": {"nested_capture": 3}, "violations": [{"rule": "nested_capture"}]}
+    held = {"pid": 1, "job": "0123abcd", "totals": {"nested_capture": 3}, "violations": [{}]}
     report.write_text(json.dumps(held))
+    monkeypatch.setenv(OWNER, f"1:0123abcd:{report}")  # as process 1 of that run left it
     cgguard.install(cgguard.Config(log_file=os.devnull, report=str(report)))
     cgguard.uninstall()
     assert json.loads(report.read_text()) == held
+    assert "write the same file" in capsys.readouterr().err
 
 
-def test_a_child_sharing_its_parent_s_report_path_is_warned(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """A process whose report path has no {pid}, started by one that writes the same path, is
-    told so once; the first process marks the environment its children inherit."""
-    from cgguard._report import OWNER
-
-    path = str(tmp_path / "report.json")
-    monkeypatch.delenv(OWNER, raising=False)
-    cgguard.install(cgguard.Config(log_file=os.devnull, report=path))
-    assert (os.environ[OWNER], capsys.readouterr().err) == (str(os.getpid()), "")
+def test_a_later_run_replaces_an_earlier_run_s_report(tmp_path: Path) -> None:
+    """A report left by an earlier run is replaced, even by a run without violations."""
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"pid": 1, "job": "0123abcd", "violations": [{}]}))
+    cgguard.install(cgguard.Config(log_file=os.devnull, report=str(report)))
     cgguard.uninstall()
-    monkeypatch.setenv(OWNER, "4242")  # as a child of process 4242 would see it
-    cgguard.install(cgguard.Config(log_file=os.devnull, report=path))
-    assert capsys.readouterr().err == (
-        f"cgguard: the report path {path!r} has no {{pid}}: this process ({os.getpid()}) and "
-        "process 4242, which started it, write the same file; put {pid} in the path to keep "
-        "one report per process\n"
+    document = read_report(report)
+    assert (document["pid"], document["violations"], document["job"] != "0123abcd") == (
+        os.getpid(),
+        [],
+        True,
     )
+
+
+REEXEC_PROGRAM = (
+    PRELUDE
+    + """
+cgguard.install(cgguard.Config(mode="log", log_file=os.devnull, report=sys.argv[1]))
+if len(sys.argv) == 2:
+    cgguard.set_capture_enabled(False)
+    violate()  # before-exec
+    cgguard.uninstall()
+    os.execv(sys.executable, [sys.executable, __file__, sys.argv[1], "again"])
+"""
+)
+
+
+@pytest.mark.subprocess
+def test_a_program_that_re_executes_itself_keeps_its_report(tmp_path: Path) -> None:
+    """Same pid, same run, a new image without violations: the report keeps the violation."""
+    program, _ = write_program(tmp_path, "reexec_program.py", REEXEC_PROGRAM)
+    report = tmp_path / "report.json"
+    result = run_program(program, str(report))
+    assert (result.returncode, result.stderr) == (0, "")
+    assert read_report(report)["totals"] == {"capture_disabled": 1}
 
 
 KILLED_AFTER_REPEATS = (
@@ -1122,3 +1147,85 @@ def test_identical_helpers_in_two_files_are_two_sites(tmp_path: Path) -> None:
         (1, helpers[0][0]),
         (1, helpers[1][0]),
     ]
+
+
+def test_switching_to_a_new_report_path_writes_it_at_once(tmp_path: Path) -> None:
+    """install(Config(report=B)) after violations reported to A: B holds them at once."""
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    cgguard.install(
+        cgguard.Config(mode="log", log_file=os.devnull, report=str(first), capture="disabled")
+    )
+    violate(here())
+    cgguard.install(
+        cgguard.Config(mode="log", log_file=os.devnull, report=str(second), capture="disabled")
+    )
+    assert read_report(second)["totals"] == {"capture_disabled": 1}
+
+
+def test_no_thread_to_be_had_writes_the_report_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Where no thread can be started (a container's process limit), the report is written by
+    the capturing thread, one line says so, and uninstall() still works."""
+    from cgguard import _report as report_module
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(report_module, "WRITTEN_AT_ONCE", 0)
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    report = tmp_path / "report.json"
+    cgguard.install(
+        cgguard.Config(mode="log", log_file=os.devnull, report=str(report), capture="disabled")
+    )
+    violate(here())
+    assert read_report(report)["totals"] == {"capture_disabled": 1}
+    violate(here())
+    cgguard.uninstall()
+    assert read_report(report)["totals"] == {"capture_disabled": 2}
+    assert capsys.readouterr().err == (
+        "cgguard: the report is written in place: can't start new thread\n"
+    )
+
+
+MANY_SITES_WORKER = (
+    PRELUDE
+    + """
+import multiprocessing
+
+from cgguard import _report
+
+
+def child():
+    for _ in range(40):
+        violate()  # one site, counted forty times
+    code = child.__code__
+    for n in range(30):  # thirty sites more, past what the capturing thread writes itself
+        _guard.current.check_begin("torch.cuda.graph", 1, "global", (code, 2 * n))
+
+
+if __name__ == "__main__":
+    _report.WRITTEN_AT_ONCE = 4
+    cgguard.install(
+        cgguard.Config(mode="log", log_file=os.devnull, report=sys.argv[1], capture="disabled")
+    )
+    worker = multiprocessing.get_context("fork").Process(target=child)
+    worker.start()
+    worker.join()
+    print(json.dumps(worker.pid))
+"""
+)
+
+
+@pytest.mark.subprocess
+def test_a_multiprocessing_worker_s_report_is_complete_when_it_ends(tmp_path: Path) -> None:
+    """A multiprocessing worker ends with os._exit, past every exit handler: its report is
+    written a last time by multiprocessing's own finalizers, every site and count in it."""
+    program, _ = write_program(tmp_path, "many_sites_worker.py", MANY_SITES_WORKER)
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    result = run_program(program, str(folder / "r-{pid}.json"))
+    assert (result.returncode, result.stderr) == (0, "")
+    worker = json.loads(result.stdout.splitlines()[-1])
+    document = read_report(folder / f"r-{worker}.json")
+    assert (document["totals"], len(document["violations"])) == ({"capture_disabled": 70}, 31)
