@@ -42,6 +42,7 @@ API_SYNCHRONIZE = "torch.cuda.synchronize"
 API_STREAM_SYNCHRONIZE = "Stream.synchronize"
 API_EVENT_SYNCHRONIZE = "Event.synchronize"
 
+
 class _Mark:
     """An object that lives exactly as long as its thread."""
 
@@ -390,9 +391,7 @@ class Guard:
         try:
             # Relaxed captures are left alone: CUDA lets another thread end them.
             dead = [
-                (k, r)
-                for k, r in list(self.active.items())
-                if r[1]() is None and r[3] != "relaxed"
+                (k, r) for k, r in list(self.active.items()) if r[1]() is None and r[3] != "relaxed"
             ]
         except Exception as exc:
             warn_once("guard:threads", f"internal error while checking threads: {exc!r}")
