@@ -58,6 +58,10 @@ def _child_check(environ: Mapping[str, str]) -> str:
     if _version("torch") == "not installed":
         return "torch is not installed in this environment: nothing to patch"
     env = program_environ(run_parser().parse_args([]), environ)
+    # The check writes nothing of the program's: no report (an empty one would replace the
+    # run's), no log file.
+    for variable in ("CGGUARD_REPORT", "CGGUARD_LOG_FILE", "CGGUARD_LOG_TARGET"):
+        env.pop(variable, None)
     try:
         done = subprocess.run(  # noqa: S603 - this interpreter, with a fixed program
             [sys.executable, "-c", _CHILD_CHECK],

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import os
+from typing import TYPE_CHECKING
+
+import pytest
+
 from cgguard._info import _configuration
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def test_configuration_shows_unknown_variables_and_cut_values() -> None:
@@ -28,3 +36,22 @@ def test_configuration_shows_unknown_variables_and_cut_values() -> None:
         "  warning: ignoring CGGUARD_MOD: no such variable; did you mean CGGUARD_MODE?",
     ]
     assert expected == _configuration(environ)
+
+
+@pytest.mark.subprocess
+def test_the_activation_check_writes_no_report_or_log(tmp_path: Path) -> None:
+    """cgguard info's check child neither replaces the configured report nor logs to its file."""
+    import io
+
+    from cgguard._info import report
+
+    held = tmp_path / "report.json"
+    held.write_text('{"violations": ["the run\'s"]}\n')
+    log = tmp_path / "events.jsonl"
+    environ = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("CGGUARD_")},
+        "CGGUARD_REPORT": str(held),
+        "CGGUARD_LOG_FILE": str(log),
+    }
+    report(environ, io.StringIO())
+    assert (held.read_text(), log.exists()) == ('{"violations": ["the run\'s"]}\n', False)
