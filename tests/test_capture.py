@@ -691,7 +691,13 @@ def test_a_capture_left_by_a_thread_that_ended_is_abandoned_not_nested(
         else:
             _thread.start_new_thread(leaves_a_capture, ())
             assert ended.wait(timeout=20)
-            time.sleep(0.2)  # past the end of the raw thread, which cannot be joined
+            # A raw thread cannot be joined: wait for its end, which its capture's mark shows.
+            assert _guard.current is not None
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and any(
+                record[1]() is not None for record in list(_guard.current.active.values())
+            ):
+                time.sleep(0.01)
         with torch.cuda.graph(torch.cuda.CUDAGraph()):  # global: concurrent, if it counted
             pass
         reused: list[object] = []
