@@ -22,11 +22,11 @@ from cgguard._patchset import PatchSet
 if TYPE_CHECKING:
     from types import ModuleType
 
-VLLM = (
-    "vllm.compilation.monitor",
-    "cudagraph_capturing_enabled",
-    "set_cudagraph_capturing_enabled",
-)
+# vLLM's flag, where released vLLM keeps it and where its main branch moved it. There the old
+# name is a sys.modules alias of the new module: whichever name is imported is followed, and
+# one module under two names is followed once.
+VLLM_MODULES = ("vllm.compilation.monitor", "vllm.backends.compiler.monitor")
+VLLM_FLAG = ("cudagraph_capturing_enabled", "set_cudagraph_capturing_enabled")
 
 
 class _Follow:
@@ -42,6 +42,8 @@ class _Follow:
     def apply(self, module: ModuleType) -> None:
         import wrapt
 
+        if any(s.module is module and s.attribute == self.attribute for s in _guard.FOLLOWED):
+            return  # followed already, under another of its names
         source = FlagSource(module, self.attribute)
 
         def record_where(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
@@ -69,7 +71,7 @@ class _Follow:
 
 # The requests made, in order; vLLM's apart, since install() switches it with its config.
 _requests: list[_Follow] = []
-_vllm: _Follow | None = None
+_vllm: list[_Follow] = []
 
 
 def follow_flag(module: str, attribute: str, setter: str | None = None) -> None:
@@ -96,17 +98,24 @@ def _start(module: str, attribute: str, setter: str | None) -> _Follow:
 
 def follow_vllm(enabled: bool) -> None:
     """Follow vLLM's capture flag (install's default), or stop; other follows are untouched."""
-    global _vllm
-    if _vllm is not None and not enabled:
-        _vllm.undo()
-        _vllm = None
-    elif _vllm is None and enabled:
-        _vllm = _start(*VLLM)
+    if _vllm and not enabled:
+        while _vllm:
+            _vllm.pop().undo()
+    elif not _vllm and enabled:
+        _vllm.extend(_start(module, *VLLM_FLAG) for module in VLLM_MODULES)
 
 
 def waiting() -> list[str]:
     """The modules whose flags will be followed once they are imported."""
-    return [f.module_name for f in [*_requests, *([_vllm] if _vllm else [])] if f.source is None]
+    followed = {id(s.module) for s in _guard.FOLLOWED}
+    # vLLM's flag is one flag under either layout: once followed, no other name is awaited.
+    vllm = [] if any(f.source is not None for f in _vllm) else _vllm
+    return [
+        f.module_name
+        for f in [*_requests, *vllm]
+        if f.source is None
+        and not (f.module_name in sys.modules and id(sys.modules[f.module_name]) in followed)
+    ]
 
 
 def unfollow_all() -> None:

@@ -231,3 +231,66 @@ def test_follow_flag_before_install_counts_and_uninstall_undoes_it(
         (True, True),
         (),
     )
+
+
+@pytest.fixture
+def main_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """vLLM's main-branch layout: the flag in vllm.backends.compiler.monitor, and the old name a
+    sys.modules alias of that module, set by the old package as vLLM does."""
+    package = tmp_path / "vllm"
+    (package / "backends" / "compiler").mkdir(parents=True)
+    (package / "compilation").mkdir()
+    for folder in (package, package / "backends", package / "backends" / "compiler"):
+        (folder / "__init__.py").write_text("")
+    (package / "backends" / "compiler" / "monitor.py").write_text(MONITOR)
+    (package / "compilation" / "__init__.py").write_text(
+        "import sys\n\nfrom vllm.backends.compiler import monitor\n\n"
+        'sys.modules["vllm.compilation.monitor"] = monitor\n'
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in [n for n in sys.modules if n.split(".")[0] == "vllm"]:
+        del sys.modules[name]
+
+
+NEW_FLAG = "vllm.backends.compiler.monitor.cudagraph_capturing_enabled"
+
+
+@pytest.mark.parametrize("imported_as", ["new name", "old name", "both names"])
+def test_the_moved_flag_is_followed_once_under_either_name(
+    imported_as: str, main_layout: Path, cuda: None
+) -> None:
+    """vLLM main's monitor, imported by its new name, its old alias or both: followed once."""
+    import importlib
+
+    cgguard.install()
+    names = {
+        "new name": ["vllm.backends.compiler.monitor"],
+        "old name": ["vllm.compilation.monitor"],
+        "both names": ["vllm.compilation.monitor", "vllm.backends.compiler.monitor"],
+    }[imported_as]
+    modules = [importlib.import_module(name) for name in names]
+    assert all(m is modules[0] for m in modules)
+    assert (cgguard.status().followed, cgguard.status().waiting_to_follow) == ((NEW_FLAG,), ())
+    modules[0].set_cudagraph_capturing_enabled(False)  # @new-layout-disables
+    with pytest.raises(cgguard.CaptureDisabledError) as raised:
+        capture()
+    where = raised.value.event["disabled_stack"][-1]  # type: ignore[index]
+    assert (where["function"], where["code"]) == (
+        "test_the_moved_flag_is_followed_once_under_either_name",
+        "modules[0].set_cudagraph_capturing_enabled(False)  # @new-layout-disables",
+    )
+
+
+def test_the_moved_flag_imported_before_install_is_followed_once(
+    main_layout: Path, cuda: None
+) -> None:
+    """Both names already imported when cgguard installs: one flag followed."""
+    import vllm.backends.compiler.monitor  # type: ignore[import-not-found]
+    import vllm.compilation.monitor
+
+    cgguard.install()
+    assert cgguard.status().followed == (NEW_FLAG,)
+    vllm.backends.compiler.monitor.cudagraph_capturing_enabled = False
+    with pytest.raises(cgguard.CaptureDisabledError):
+        capture()

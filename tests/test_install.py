@@ -347,7 +347,11 @@ def test_status_says_what_cgguard_is_doing() -> None:
         ),
         waiting_for_torch=False,
         followed=(),
-        waiting_to_follow=("cgg_not_imported_framework", "vllm.compilation.monitor"),
+        waiting_to_follow=(
+            "cgg_not_imported_framework",
+            "vllm.compilation.monitor",
+            "vllm.backends.compiler.monitor",
+        ),
         capture_enabled=False,
         captures=(CaptureInfo(threading.get_ident(), "CUDAGraph.capture_begin", "relaxed"),),
         violations={"sync_during_capture": 1},
