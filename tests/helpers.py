@@ -43,3 +43,21 @@ def clean_environ(**changes: str) -> dict[str, str]:
         if not name.startswith(("CGGUARD_", "PYTHON"))
     }
     return {**kept, **changes}
+
+
+# What ``cgguard info`` prints for each setting and rule left at its default, in order.
+DEFAULT_CONFIGURATION = [
+    "  mode           raise        (default)",
+    "  log_format     json, or console when stderr is a terminal (default)",
+    "  log_file       none         (default)",
+    "  log_target     stderr       (default)",
+    "  report         none         (default)",
+    "  capture        as it is (enabled at start) (default)",
+    "  simulate_cuda  False        (default)",
+    "  vllm_bridge    True         (default)",
+    "  rule           capture_disabled: raise (default)",
+    "  rule           nested_capture: raise (default)",
+    "  rule           concurrent_capture: log (default)",
+    "  rule           sync_during_capture: log (default)",
+    "  rule           abandoned_capture: log (default)",
+]

@@ -22,7 +22,7 @@ import textwrap
 from typing import TYPE_CHECKING, NamedTuple
 
 import pytest
-from helpers import clean_environ
+from helpers import DEFAULT_CONFIGURATION, clean_environ
 
 import cgguard
 from cgguard._runner import BOOT_DIR
@@ -981,19 +981,7 @@ def test_info_shows_an_ignored_file_target_as_ignored(tmp_path: Path) -> None:
         0,
         [
             "  enabled        (unset)      (CGGUARD_ENABLED)",
-            "  mode           raise        (default)",
-            "  log_format     json, or console when stderr is a terminal (default)",
-            "  log_file       none         (default)",
-            "  log_target     stderr       (default)",
-            "  report         none         (default)",
-            "  capture        as it is (enabled at start) (default)",
-            "  simulate_cuda  False        (default)",
-            "  vllm_bridge    True         (default)",
-            "  rule           capture_disabled: raise (default)",
-            "  rule           nested_capture: raise (default)",
-            "  rule           concurrent_capture: log (default)",
-            "  rule           sync_during_capture: log (default)",
-            "  rule           abandoned_capture: log (default)",
+            *DEFAULT_CONFIGURATION,
             "  warning: ignoring CGGUARD_LOG_TARGET='file': CGGUARD_LOG_FILE is not set",
         ],
         b"",
