@@ -51,6 +51,7 @@ class ViolationEvent(_Ranked):
     other_stack: NotRequired[list[FrameInfo]]
     other_thread_id: NotRequired[int]
     capture_stack: NotRequired[list[FrameInfo]]
+    capture_thread_id: NotRequired[int | None]
     site: NotRequired[FrameInfo | None]  # a repeat only, in place of the stacks
 
 
@@ -167,8 +168,10 @@ def violation(
         event[spec.cause_key] = cause_frames
     if rule == "concurrent_capture":
         event["other_thread_id"] = cause.thread_id
+    elif rule == "sync_during_capture":
+        event["capture_thread_id"] = cause.thread_id
     if cause_frames is not None:
-        cause = Cause(cause.where.format(where=where(cause_frames)), cause.thread_id, cause.mode)
+        cause = cause.completed(where(cause_frames))
     event["message"] = spec.message(f"{api} at {where(frames)}", cause)
     return cast("ViolationEvent", event)
 

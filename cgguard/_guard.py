@@ -41,6 +41,13 @@ API_CAPTURE_BEGIN = "CUDAGraph.capture_begin"
 API_SYNCHRONIZE = "torch.cuda.synchronize"
 API_STREAM_SYNCHRONIZE = "Stream.synchronize"
 API_EVENT_SYNCHRONIZE = "Event.synchronize"
+API_STREAM_QUERY = "Stream.query"
+API_EVENT_QUERY = "Event.query"
+API_ACCELERATOR_GRAPH = "torch.accelerator.Graph"
+API_ACCELERATOR_CAPTURE_BEGIN = "Graph.capture_begin"
+API_ACCELERATOR_SYNCHRONIZE = "torch.accelerator.synchronize"
+_QUERIES = (API_STREAM_QUERY, API_EVENT_QUERY)
+_EVENT_CALLS = (API_EVENT_SYNCHRONIZE, API_EVENT_QUERY)
 
 
 class _Mark:
@@ -183,8 +190,10 @@ class Guard:
         self.follows = follows
         # Set by uninstall(): hooks a caller still holds a reference to let everything through.
         self.retired = False
-        # Whether the current stream is capturing; cgguard._patches gives torch's answer.
+        # Whether the current stream is capturing, and whether a stream is the current one;
+        # cgguard._patches gives torch's answers.
         self.is_capturing: Callable[[], bool] = _not_known
+        self.is_current_stream: Callable[[Any], bool] = _not_current
         # Captures begun and not yet ended, by id() of the CUDAGraph that holds them. Mutated
         # in place only: the capture_end function binds this very dict.
         self.active: dict[int, Record] = {}
@@ -214,12 +223,23 @@ class Guard:
 
     def graph_enter(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         """torch.cuda.graph.__enter__ (a wrapt wrapper)."""
+        mode = instance.capture_error_mode
+        return self._enter(API_GRAPH, id(instance.cuda_graph), mode, wrapped, args, kwargs)
+
+    def accelerator_enter(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        """torch.accelerator.Graph.__enter__ (a wrapt wrapper): the graph is the instance."""
+        mode = _accelerator_mode(instance)
+        return self._enter(API_ACCELERATOR_GRAPH, id(instance), mode, wrapped, args, kwargs)
+
+    def _enter(  # noqa: PLR0917 (the capture path: positional arguments cost least)
+        self, api: str, graph: int, mode: str, wrapped: Any, args: Any, kwargs: Any
+    ) -> Any:
         # Checked before torch's __enter__ runs: it synchronizes, empties the cache and switches
         # the current stream before capture_begin, and a refusal raised after that would leave
         # the thread on the capture stream for good, since __exit__ never runs.
-        graph, thread = id(instance.cuda_graph), get_ident()
-        stack = with_stack(sys._getframe(1))
-        checked = self._check(API_GRAPH, graph, instance.capture_error_mode, stack)
+        thread = get_ident()
+        stack = with_stack(sys._getframe(2))  # the caller of __enter__
+        checked = self._check(api, graph, mode, stack)
         # For the capture_begin that __enter__ makes: passed aside, not through the active
         # captures, since torch's own synchronize before capture_begin is no synchronize during
         # a capture; with it, the captures this one was checked against.
@@ -232,13 +252,23 @@ class Guard:
 
     def capture_begin(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         """CUDAGraph.capture_begin (a wrapt wrapper)."""
+        mode = _error_mode(args, kwargs)
+        return self._begin(API_CAPTURE_BEGIN, mode, wrapped, instance, args, kwargs)
+
+    def accelerator_begin(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        """torch.accelerator.Graph.capture_begin (a wrapt wrapper): its mode is the graph's."""
+        mode = _accelerator_mode(instance)
+        return self._begin(API_ACCELERATOR_CAPTURE_BEGIN, mode, wrapped, instance, args, kwargs)
+
+    def _begin(  # noqa: PLR0917 (the capture path: positional arguments cost least)
+        self, api: str, mode: str, wrapped: Any, instance: Any, args: Any, kwargs: Any
+    ) -> Any:
         graph = id(instance)
         entry = self.entering.pop((get_ident(), graph), None)
         if entry is None:
             # Walked now: a raw capture_begin is often made by a helper that returns at once,
             # and its callers move on while the capture stays active.
-            mode = _error_mode(args, kwargs)
-            record = self._check(API_CAPTURE_BEGIN, graph, mode, snapshot(1))[0]
+            record = self._check(api, graph, mode, snapshot(2))[0]
         else:
             # The capture_begin of a torch.cuda.graph, checked when __enter__ began; a capture
             # another thread began while torch prepared this one was not.
@@ -273,17 +303,17 @@ class Guard:
         return capture_end
 
     def checks_sync(self, api: str) -> Callable[[Any, Any, Any, Any], Any]:
-        """A wrapt wrapper for a synchronize method: checked while this thread may capture."""
+        """A wrapt wrapper for a synchronize or query method: checked while anything captures."""
 
         def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
             if self.active:  # nothing capturing, nothing to check
-                self.check_sync(api)
+                self.check_sync(api, instance)
             return wrapped(*args, **kwargs)
 
         return wrapper
 
-    def make_device_sync(self, original: Any) -> Any:
-        """torch._C._cuda_synchronize, checked.
+    def make_device_sync(self, original: Any, api: str = API_SYNCHRONIZE) -> Any:
+        """torch._C._cuda_synchronize (or another device-wide synchronize), checked.
 
         A plain function, not a wrapt wrapper: torch.cuda.graph.__enter__ calls this on every
         capture, a C function has no binding or signature for wrapt to preserve, and wrapt's
@@ -294,7 +324,7 @@ class Guard:
         @functools.wraps(original)
         def synchronize(*args: Any, **kwargs: Any) -> Any:
             if active:  # nothing capturing, nothing to check
-                self.check_sync(API_SYNCHRONIZE)
+                self.check_sync(api)
             return original(*args, **kwargs)
 
         return synchronize
@@ -360,22 +390,37 @@ class Guard:
         if found:
             self._violated(found, api, stack, refuse=False)
 
-    def check_sync(self, api: str) -> None:
-        """Check a synchronize made by the caller's caller; report, maybe raise, before CUDA."""
+    def check_sync(self, api: str, instance: Any = None) -> None:
+        """Check a synchronize or query made by the caller's caller (on ``instance``, a stream
+        or an event, where it is a method); report, maybe raise, before CUDA."""
         if self.retired:
             return
         self.drop_abandoned()
         ident, thread = get_ident(), this_thread()
         try:
-            if self.config.action("nested_capture") != "off" and any(
-                entering_thread == ident for entering_thread, _ in list(self.entering)
-            ):
-                # torch.cuda.graph.__enter__'s own synchronize, inside this thread's capture:
-                # reported already, as the nested capture it is part of.
+            if api in _EVENT_CALLS and not instance.cuda_event:
+                # torch creates an event at its first record(); before that, its synchronize
+                # and query make no CUDA call (CUDAEvent::synchronize, ::query).
                 return
-            cause = find_sync_violation(thread, list(self.active.values()))
+            query = api in _QUERIES
+            cause = find_sync_violation(
+                thread,
+                list(self.active.values()),
+                query=query,
+                on_capturing_stream=(
+                    api == API_STREAM_QUERY
+                    and self.is_capturing()
+                    and self.is_current_stream(instance)
+                ),
+            )
             if cause is None:
                 return
+            if any(entering_thread == ident for entering_thread, _ in list(self.entering)):
+                # torch.cuda.graph.__enter__'s own synchronize: part of the capture attempt,
+                # reported already under the rule it breaks, unless that rule is off.
+                covered = "nested_capture" if cause[1] == thread else "concurrent_capture"
+                if self.config.action(covered) != "off":
+                    return
             stack = snapshot(2)  # from the caller of the hook that called this
         except Exception as exc:
             warn_once(
@@ -473,7 +518,13 @@ class Guard:
             )
         if cause is not None:
             _, thread, began_by, mode, began_at = cause
-            told = Cause(f"begun at {{where}} via {began_by}", _names_of(thread)[1], mode)
+            told = Cause(
+                f"begun at {{where}} via {began_by}",
+                _names_of(thread)[1],
+                mode,
+                query=api in _QUERIES,
+                elsewhere=thread is not this_thread(),
+            )
             return _events.violation(
                 rule, api, stack, resolve(began_at), told, action=action, count=count
             )
@@ -534,10 +585,27 @@ def find_violations(enabled: bool, thread: object, mode: str, active: Iterable[R
     return found
 
 
-def find_sync_violation(thread: object, active: Iterable[Record]) -> Record | None:
-    """The capture a synchronize on ``thread`` would break, if any."""
-    for record in active:
-        if record[1] == thread:  # its thread
+def find_sync_violation(
+    thread: object,
+    active: Iterable[Record],
+    *,
+    query: bool = False,
+    on_capturing_stream: bool = False,
+) -> Record | None:
+    """The capture a synchronize (or a query) on ``thread`` would break, if any.
+
+    CUDA's capture modes (cudaStreamCaptureMode): a thread's own capture prohibits its unsafe
+    calls unless relaxed, and a global capture prohibits every thread's. Every synchronize on
+    the capturing thread is reported, relaxed included, since it cannot wait for the captured
+    work; a query there only where CUDA fails it: unless relaxed, or of the capturing stream
+    (``on_capturing_stream``). See docs/cuda-behaviour.md for what is settled.
+    """
+    records = list(active)
+    for record in records:
+        if record[1] == thread and (not query or record[3] != "relaxed" or on_capturing_stream):
+            return record
+    for record in records:
+        if record[1] != thread and record[3] == "global":
             return record
     return None
 
@@ -549,6 +617,20 @@ def _names_of(thread: ThreadRef) -> tuple[str, int | None]:
 
 def _not_known() -> bool:
     return False
+
+
+def _not_current(stream: Any) -> bool:
+    return False
+
+
+def _accelerator_mode(graph: Any) -> str:
+    """The capture_error_mode a torch.accelerator.Graph captures in.
+
+    Its "default" is the backend's default; on CUDA that is cudaStreamCaptureModeGlobal, what
+    torch.cuda.CUDAGraph.capture_begin defaults to (docs/cuda-behaviour.md).
+    """
+    mode = str(getattr(graph, "capture_error_mode", "default"))
+    return "global" if mode == "default" else mode
 
 
 def _error_mode(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:

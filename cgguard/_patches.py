@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import wrapt
 
-from cgguard._guard import API_EVENT_SYNCHRONIZE, API_STREAM_SYNCHRONIZE
+from cgguard._guard import (
+    API_ACCELERATOR_SYNCHRONIZE,
+    API_EVENT_QUERY,
+    API_EVENT_SYNCHRONIZE,
+    API_STREAM_QUERY,
+    API_STREAM_SYNCHRONIZE,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -48,6 +54,7 @@ def patch_torch(guard: Guard) -> None:
     cuda = importlib.import_module("torch.cuda")
     # Looked up at each call: the simulated runtime replaces it while it is in place.
     guard.is_capturing = lambda: bool(cuda.is_current_stream_capturing())
+    guard.is_current_stream = lambda stream: bool(stream == cuda.current_stream())
     guard.patches.apply(
         [
             (graphs.graph, "__enter__", _wrapt(guard.graph_enter)),
@@ -56,13 +63,47 @@ def patch_torch(guard: Guard) -> None:
             # The Python methods on the real classes: subclasses and bound methods land here.
             (stream, "synchronize", _wrapt(guard.checks_sync(API_STREAM_SYNCHRONIZE))),
             (event, "synchronize", _wrapt(guard.checks_sync(API_EVENT_SYNCHRONIZE))),
+            (stream, "query", _wrapt(guard.checks_sync(API_STREAM_QUERY))),
+            (event, "query", _wrapt(guard.checks_sync(API_EVENT_QUERY))),
         ]
     )
     try:
+        guard.patches.apply(_accelerator_entry_points(guard))
         patch_device_sync(guard)
     except BaseException:
         guard.patches.restore()
         raise
+
+
+def _accelerator_entry_points(guard: Guard) -> list[tuple[Any, str, Callable[[Any], Any]]]:
+    """torch.accelerator's graph and synchronize (torch 2.13 and later), where torch has them.
+
+    ``torch.accelerator.Graph`` is Python over the C ``_acceleratorGraph``: its ``__enter__``
+    calls ``torch.accelerator.synchronize()``, empties the caches and calls ``capture_begin``,
+    as ``torch.cuda.graph`` does. ``torch.accelerator.synchronize()`` lands in
+    ``torch._C._accelerator_synchronizeDevice``, which is wrapped for the same reason as
+    ``_cuda_synchronize``.
+    """
+    accelerator = sys.modules.get("torch.accelerator")
+    graph_class = getattr(accelerator, "Graph", None)
+    if not isinstance(graph_class, type):
+        return []
+    graph_class = real_class(graph_class)
+    c_module = sys.modules["torch._C"]
+    points: list[tuple[Any, str, Callable[[Any], Any]]] = [
+        (graph_class, "__enter__", _wrapt(guard.accelerator_enter)),
+        (graph_class, "capture_begin", _wrapt(guard.accelerator_begin)),
+        (graph_class, "capture_end", guard.make_capture_end),
+    ]
+    if "_accelerator_synchronizeDevice" in vars(c_module):
+        points.append(
+            (
+                c_module,
+                "_accelerator_synchronizeDevice",
+                lambda original: guard.make_device_sync(original, API_ACCELERATOR_SYNCHRONIZE),
+            )
+        )
+    return points
 
 
 # torch.cuda.synchronize() lands in torch._C._cuda_synchronize: wrapping that, rather than the

@@ -27,16 +27,37 @@ DISABLED_SENTENCE = (
 
 
 class Cause:
-    """What a message may say about a violation's cause: where, which thread, which mode."""
+    """What a message may say about a violation's cause: where, which thread, which mode, and
+    for a synchronize or query, whether it queries and whether another thread captures."""
 
-    __slots__ = ("mode", "thread_id", "where")
+    __slots__ = ("elsewhere", "mode", "query", "thread_id", "where")
 
-    def __init__(self, where: str, thread_id: "int | None" = None, mode: str = "") -> None:
+    def __init__(
+        self,
+        where: str,
+        thread_id: "int | None" = None,
+        mode: str = "",
+        *,
+        query: bool = False,
+        elsewhere: bool = False,
+    ) -> None:
         # "begun at {where} via API" ({where} is filled in once the cause's stack is
         # rendered), or why capture was disabled.
         self.where = where
         self.thread_id = thread_id
         self.mode = mode
+        self.query = query  # the offending call queries rather than synchronizes
+        self.elsewhere = elsewhere  # the capture is another thread's
+
+    def completed(self, where: str) -> "Cause":
+        """This cause with ``{where}`` filled in."""
+        return Cause(
+            self.where.format(where=where),
+            self.thread_id,
+            self.mode,
+            query=self.query,
+            elsewhere=self.elsewhere,
+        )
 
 
 class Rule:
@@ -98,18 +119,28 @@ def _concurrent(head: str, cause: Cause) -> str:
     )
 
 
+_PROHIBITED = "'operation not permitted when stream is capturing'"
+
+
 def _sync(head: str, cause: Cause) -> str:
-    said = f"{head} synchronizes while this thread's capture {cause.where} is active"
-    if cause.mode == "relaxed":
+    # Says only what CUDA documents (docs/cuda-behaviour.md); what relaxed mode does with a
+    # synchronize that waits on neither the capturing stream nor a captured event is not.
+    verb = "queries" if cause.query else "synchronizes"
+    start = "Synchronize during CUDA graph capture:"
+    if cause.elsewhere:
         return (
-            f"Synchronize during CUDA graph capture: {said}; in capture_error_mode 'relaxed' "
-            f"CUDA lets it through unless it waits on the capturing stream itself, but it does "
+            f"{start} {head} {verb} while thread {cause.thread_id}'s capture {cause.where} is "
+            f"active in capture_error_mode 'global', in which CUDA fails an unsafe call on any "
+            f"thread ({_PROHIBITED}) and invalidates the capture."
+        )
+    said = f"{start} {head} {verb} while this thread's capture {cause.where} is active"
+    if cause.mode == "relaxed" and not cause.query:
+        return (
+            f"{said}; in capture_error_mode 'relaxed' CUDA fails it if it waits on the capturing "
+            f"stream or on an event recorded in the capture, and where it goes through it does "
             f"not wait for the captured work, which has not run."
         )
-    return (
-        f"Synchronize during CUDA graph capture: {said}; CUDA fails it ('operation not "
-        f"permitted when stream is capturing') and invalidates the capture."
-    )
+    return f"{said}; CUDA fails it ({_PROHIBITED}) and invalidates the capture."
 
 
 def _abandoned(head: str, cause: Cause) -> str:
@@ -153,8 +184,8 @@ RULES: "dict[str, Rule]" = {
             SyncDuringCaptureError,
             diagnostic=True,
             cause_key="capture_stack",
-            cause_title="This thread's capture began at (most recent call last):",
-            attempt_title="The synchronize was called at (most recent call last):",
+            cause_title="The capture began at (most recent call last):",
+            attempt_title="The synchronize or query was made at (most recent call last):",
             message=_sync,
         ),
         # Found when cgguard next looks at the active captures: there is nothing to refuse, so

@@ -61,3 +61,32 @@ DEFAULT_CONFIGURATION = [
     "  rule           sync_during_capture: log (default)",
     "  rule           abandoned_capture: log (default)",
 ]
+
+
+def torch_entry_points() -> tuple[str, ...]:
+    """What install() patches on the installed torch, in order, without a CUDA runtime
+    (torch._C._cuda_synchronize comes and goes with one, real or simulated)."""
+    import torch
+
+    points = (
+        "torch.cuda.graphs.graph.__enter__",
+        "torch.cuda.graphs.CUDAGraph.capture_begin",
+        "torch.cuda.graphs.CUDAGraph.capture_end",
+        "torch.cuda.streams.Stream.synchronize",
+        "torch.cuda.streams.Event.synchronize",
+        "torch.cuda.streams.Stream.query",
+        "torch.cuda.streams.Event.query",
+    )
+    if isinstance(getattr(getattr(torch, "accelerator", None), "Graph", None), type):
+        points += (
+            "torch.accelerator.graphs.Graph.__enter__",
+            "torch.accelerator.graphs.Graph.capture_begin",
+            "torch.accelerator.graphs.Graph.capture_end",
+        )
+        if "_accelerator_synchronizeDevice" in vars(torch._C):
+            points += ("torch._C._accelerator_synchronizeDevice",)
+    return points
+
+
+# How many entry points install() patches here, as subprocess tests print it.
+PATCHED_COUNT = len(torch_entry_points())

@@ -184,9 +184,30 @@ def test_sync_on_a_capturing_thread_names_its_capture(mode: str) -> None:
     assert find_sync_violation(thread(7), [record(8, 1), mine]) is mine
 
 
-def test_sync_on_a_thread_not_capturing_is_legal() -> None:
-    """A synchronize on a thread with no capture of its own breaks no rule."""
-    assert find_sync_violation(thread(7), [record(8, 1), record(9, 2, mode="thread_local")]) is None
+@pytest.mark.parametrize("query", [False, True])
+def test_sync_on_a_thread_not_capturing_is_legal_unless_another_captures_globally(
+    query: bool,
+) -> None:
+    """Another thread's thread_local or relaxed capture leaves this thread's calls alone; a
+    global one prohibits them (cudaStreamCaptureModeGlobal)."""
+    local, relaxed = record(8, 1, mode="thread_local"), record(9, 2, mode="relaxed")
+    assert find_sync_violation(thread(7), [local, relaxed], query=query) is None
+    wide = record(10, 3, mode="global")
+    assert find_sync_violation(thread(7), [local, wide, relaxed], query=query) is wide
+
+
+def test_own_capture_comes_before_another_threads_global_one() -> None:
+    """The cause named is this thread's capture where it has one."""
+    wide, mine = record(8, 1, mode="global"), record(7, 2, mode="thread_local")
+    assert find_sync_violation(thread(7), [wide, mine]) is mine
+
+
+def test_a_query_during_a_relaxed_capture_is_legal_unless_of_its_stream() -> None:
+    """Relaxed mode lets a query through, but not one of the capturing stream itself."""
+    mine = record(7, 1, mode="relaxed")
+    assert find_sync_violation(thread(7), [mine], query=True) is None
+    assert find_sync_violation(thread(7), [mine], query=True, on_capturing_stream=True) is mine
+    assert find_sync_violation(thread(7), [mine]) is mine  # a synchronize is reported
 
 
 def test_check_begin_returns_the_record_to_activate() -> None:
@@ -365,6 +386,7 @@ def test_sync_event_is_the_documented_schema(events: list[dict[str, object]]) ->
             frame("@user-sync", "user_synchronizes"),
         ],
         "capture_stack": [frame("@outer", "outer_begins")],
+        "capture_thread_id": threading.get_ident(),
     }
     # The stack starts at the caller of the entry point: the user's line is the innermost.
     shown = {**event, "stack": from_this_file(event["stack"])}
@@ -570,7 +592,7 @@ def test_internal_error_lets_the_synchronize_through(
     mine = record(threading.get_ident())
     guard().active[mine[0]] = mine
 
-    def broken(*args: object) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
         raise LookupError("sync guard bug")
 
     monkeypatch.setattr(_guard, "find_sync_violation", broken)
@@ -601,10 +623,11 @@ def test_failing_listener_does_not_stop_the_report(
     )
 
 
-def test_sync_during_a_relaxed_capture_says_cuda_lets_it_through(
+def test_sync_during_a_relaxed_capture_says_only_what_cuda_documents(
     events: list[dict[str, object]],
 ) -> None:
-    """In relaxed mode CUDA permits a device synchronize: the message says so, not that it fails."""
+    """Whether relaxed mode fails a device synchronize is not settled: the message claims
+    neither, and says what is certain."""
     cgguard.install()
     mine = (
         5,
@@ -623,9 +646,9 @@ def test_sync_during_a_relaxed_capture_says_cuda_lets_it_through(
     assert event["message"] == (
         f"Synchronize during CUDA graph capture: torch.cuda.synchronize at {where_user} "
         f"synchronizes while this thread's capture begun at {where_outer} via "
-        "CUDAGraph.capture_begin is active; in capture_error_mode 'relaxed' CUDA lets it "
-        "through unless it waits on the capturing stream itself, but it does not wait for the "
-        "captured work, which has not run."
+        "CUDAGraph.capture_begin is active; in capture_error_mode 'relaxed' CUDA fails it if "
+        "it waits on the capturing stream or on an event recorded in the capture, and where it "
+        "goes through it does not wait for the captured work, which has not run."
     )
 
 
@@ -740,7 +763,7 @@ def test_a_synchronize_hook_with_no_caller_frame_warns_and_goes_on(
     guard().active[mine[0]] = mine
     # Whichever thread synchronizes is taken as capturing: the raw thread's id is not known
     # before it runs.
-    monkeypatch.setattr(_guard, "find_sync_violation", lambda thread, active: mine)
+    monkeypatch.setattr(_guard, "find_sync_violation", lambda thread, active, **_: mine)
     done = threading.Event()
     sync = guard().make_device_sync(done.set)
     _thread.start_new_thread(sync, ())  # sync is the thread's first and only Python frame

@@ -234,11 +234,11 @@ CONSOLE_BLOCKS = [
     ),
     pytest.param(
         sync_event(),
-        "The synchronize was called at (most recent call last):\n"
+        "The synchronize or query was made at (most recent call last):\n"
         '  File "s.py", line 8, in step\n'
         "    torch.cuda.synchronize()\n"
         "\n"
-        "This thread's capture began at (most recent call last):\n"
+        "The capture began at (most recent call last):\n"
         '  File "s.py", line 4, in run\n'
         "    g.capture_begin()\n",
         id="sync",

@@ -76,8 +76,8 @@ ATTEMPT = "The capture was attempted at (most recent call last):"
             "sync_during_capture",
             "capture_stack",
             (
-                "The synchronize was called at (most recent call last):",
-                "This thread's capture began at",
+                "The synchronize or query was made at (most recent call last):",
+                "The capture began at",
             ),
         ),
     ],

@@ -476,6 +476,7 @@ def test_sync_during_capture_is_logged_then_cuda_fails_it(
         "timestamp": event["timestamp"],
         "stack": [frame("@sync-call", test), frame(marker, sync.__name__)],
         "capture_stack": [frame("@sync-capture", test)],
+        "capture_thread_id": threading.get_ident(),
     }
     shown = {
         **event,

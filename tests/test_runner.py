@@ -22,7 +22,7 @@ import textwrap
 from typing import TYPE_CHECKING, NamedTuple
 
 import pytest
-from helpers import DEFAULT_CONFIGURATION, clean_environ
+from helpers import DEFAULT_CONFIGURATION, PATCHED_COUNT, clean_environ, torch_entry_points
 
 import cgguard
 from cgguard._runner import BOOT_DIR
@@ -860,15 +860,8 @@ def test_program_importing_torch_is_guarded_as_configured(tmp_path: Path) -> Non
         [*RUNNER, *RUNNER_OPTIONS, "cgg_torch.py"], tmp_path, clean_environ()
     )
     state = {
-        "patched": [
-            "torch.cuda.graphs.graph.__enter__",
-            "torch.cuda.graphs.CUDAGraph.capture_begin",
-            "torch.cuda.graphs.CUDAGraph.capture_end",
-            "torch.cuda.streams.Stream.synchronize",
-            "torch.cuda.streams.Event.synchronize",
-            # On a CPU build, the simulated runtime's device synchronize, guarded too.
-            "torch._C._cuda_synchronize",
-        ],
+        # On a CPU build, the simulated runtime's device synchronize, guarded too.
+        "patched": [*torch_entry_points(), "torch._C._cuda_synchronize"],
         "installed": True,
         "config": {
             "mode": "log",
@@ -963,7 +956,8 @@ def test_info_reports_versions_configuration_and_activation(tmp_path: Path) -> N
         "activation:",
         *pth_lines,
         f"  bootstrap      {BOOT_DIR} (present)",
-        f"  child          torch's 5 entry points patched (activated by {activated_by()})",
+        f"  child          torch's {PATCHED_COUNT} entry points patched "
+        f"(activated by {activated_by()})",
     ]
     returncode, out, err = python(["-m", "cgguard", "info"], tmp_path, env)
     expected = (0, lines, b"")
@@ -999,6 +993,7 @@ def test_info_reads_its_child_past_a_chatty_start_up(tmp_path: Path) -> None:
     child = out.decode().splitlines()[-1]
     expected = (
         0,
-        f"  child          torch's 5 entry points patched (activated by {activated_by()})",
+        f"  child          torch's {PATCHED_COUNT} entry points patched "
+        f"(activated by {activated_by()})",
     )
     assert expected == (returncode, child)

@@ -253,8 +253,10 @@ def test_thread_local_capture_allows_other_threads(sim: SimulatedCuda) -> None:
     """A thread_local capture forbids synchronize on its own thread only."""
     g, _ = begin_raw("thread_local")
     assert run_in_thread(torch.cuda.synchronize) is None
+    done = torch.cuda.Event()
+    done.record(torch.cuda.default_stream())  # recorded outside the capture
     with pytest.raises(SimulatedCudaError, match="not permitted when stream is capturing"):
-        torch.cuda.Event().synchronize()
+        done.synchronize()
     with pytest.raises(SimulatedCudaError, match="previous error during capture"):
         g.capture_end()
 
@@ -412,6 +414,8 @@ def test_real_methods_run_through_the_standins(sim: SimulatedCuda) -> None:
         Call("event_wait", (1, 1), "MainThread"),
         Call("event_record", (2, 1), "MainThread"),
         Call("event_wait", (2, 0), "MainThread"),
+        Call("event_query", (2,), "MainThread"),
+        Call("stream_query", (1,), "MainThread"),
     ]
     assert expected == sim.calls
 
@@ -537,3 +541,196 @@ def test_a_child_forked_while_another_thread_is_inside_the_runtime_does_not_hang
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     assert (hung, None if hung else os.waitstatus_to_exitcode(done[1])) == (False, 7)
+
+
+# --- What torch and CUDA do that the simulation models (docs/cuda-behaviour.md) -------------
+
+CAPTURED_EVENT = (
+    "CUDA error: operation not permitted on an event last recorded in a capturing stream "
+    "[simulated CUDA]"
+)
+
+
+@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
+def test_an_event_never_recorded_makes_no_cuda_call(sim: SimulatedCuda, mode: str) -> None:
+    """CUDAEvent::synchronize and ::query do nothing before the event's first record()."""
+    g, _ = begin_raw(mode)
+    never = torch.cuda.Event()
+    since = len(sim.calls)
+    never.synchronize()
+    assert never.query() is True
+    assert run_in_thread(never.synchronize) is None
+    assert sim.calls[since:] == []
+    g.capture_end()  # the capture is intact
+    g.replay()
+
+
+@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
+def test_an_event_recorded_in_the_capture_fails_in_every_mode(
+    sim: SimulatedCuda, mode: str
+) -> None:
+    """cudaErrorCapturedEvent: the event's last record is a node of an active capture."""
+    g, _ = begin_raw(mode)
+    inside = torch.cuda.Event()
+    inside.record()
+    # Another thread, not capturing: the event's state fails the call, unless the global
+    # capture's prohibition of unsafe calls on every thread comes first.
+    expected = PROHIBITED if mode == "global" else CAPTURED_EVENT
+    for call in (inside.synchronize, inside.query):
+        error = run_in_thread(call)
+        assert isinstance(error, torch.AcceleratorError)
+        assert isinstance(error, SimulatedCudaError)
+        assert str(error) == expected
+    if mode == "relaxed":
+        # The capturing thread may make unsafe calls in relaxed mode, not this one.
+        with pytest.raises(SimulatedCudaError) as info:
+            inside.synchronize()
+        assert str(info.value) == CAPTURED_EVENT
+        g.capture_end()
+    else:
+        with pytest.raises(SimulatedCudaError) as info:
+            inside.synchronize()  # prohibited on the capturing thread before anything else
+        assert str(info.value) == PROHIBITED
+        with pytest.raises(SimulatedCudaError, match="previous error during capture"):
+            g.capture_end()
+    inside.synchronize()  # once the capture has ended, the event is an ordinary one
+
+
+def test_event_query_during_a_global_capture_fails_on_any_thread(sim: SimulatedCuda) -> None:
+    """cudaEventQuery is unsafe during a global capture, from every thread (pytorch PR 104555)."""
+    done = torch.cuda.Event()
+    done.record()  # on the default stream, before the capture
+    g, _ = begin_raw("global")
+    error = run_in_thread(done.query)
+    assert isinstance(error, SimulatedCudaError)
+    assert str(error) == PROHIBITED
+    with pytest.raises(SimulatedCudaError, match="previous error during capture"):
+        g.capture_end()
+
+
+def test_event_query_during_a_thread_local_capture_fails_on_its_thread_only(
+    sim: SimulatedCuda,
+) -> None:
+    """thread_local: only the capturing thread is prohibited from unsafe calls."""
+    done = torch.cuda.Event()
+    done.record()
+    g, _ = begin_raw("thread_local")
+    assert run_in_thread(done.query) is True
+    with pytest.raises(SimulatedCudaError) as info:
+        done.query()
+    assert str(info.value) == PROHIBITED
+    with pytest.raises(SimulatedCudaError, match="previous error during capture"):
+        g.capture_end()
+
+
+@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
+def test_querying_the_capturing_stream_fails_in_every_mode(sim: SimulatedCuda, mode: str) -> None:
+    """cudaStreamQuery of a capturing stream is invalid and invalidates its capture."""
+    g, stream = begin_raw(mode)
+    with pytest.raises(SimulatedCudaError) as info:
+        stream.query()
+    assert str(info.value) == PROHIBITED
+    assert isinstance(info.value, torch.AcceleratorError)
+    with pytest.raises(SimulatedCudaError, match="previous error during capture"):
+        g.capture_end()
+
+
+def test_pool_needs_a_finished_capture(sim: SimulatedCuda) -> None:
+    """CUDAGraph::pool() refuses before capture_end, and after reset()."""
+    g = torch.cuda.CUDAGraph()
+    message = "Called CUDAGraph::pool() without a preceding successful capture. [simulated CUDA]"
+    with pytest.raises(SimulatedCudaError) as before:
+        g.pool()
+    with torch.cuda.stream(torch.cuda.Stream()):
+        g.capture_begin()
+        with pytest.raises(SimulatedCudaError) as during:
+            g.pool()
+        g.capture_end()
+    private = g.pool()
+    shared = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(torch.cuda.Stream()):
+        shared.capture_begin(pool=private)
+        shared.capture_end()
+    g.reset()
+    with pytest.raises(SimulatedCudaError) as after_reset:
+        g.pool()
+    assert [str(e.value) for e in (before, during, after_reset)] == [message] * 3
+    assert not isinstance(before.value, torch.AcceleratorError)  # torch's check, not CUDA's
+    assert shared.pool() == private
+    assert (private[0] > 0, private[1]) == (True, 0)  # a private pool, as torch numbers them
+
+
+def test_keep_graph_may_be_captured_again_until_instantiated(sim: SimulatedCuda) -> None:
+    """has_graph_exec_: set by capture_end without keep_graph, by instantiate() or replay()."""
+    kept = torch.cuda.CUDAGraph(keep_graph=True)
+    owns = "This CUDAGraph instance already owns a captured graph"
+    with torch.cuda.stream(torch.cuda.Stream()):
+        kept.capture_begin()
+        kept.capture_end()
+        kept.capture_begin()  # not instantiated yet: a new capture
+        kept.capture_end()
+        kept.instantiate()
+        kept.instantiate()  # again, after changing the raw graph, say
+        with pytest.raises(SimulatedCudaError, match=owns):
+            kept.capture_begin()
+    plain = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(torch.cuda.Stream()):
+        plain.capture_begin()
+        plain.capture_end()
+        with pytest.raises(SimulatedCudaError, match="only when keep_graph=true"):
+            plain.instantiate()
+        with pytest.raises(SimulatedCudaError, match=owns):
+            plain.capture_begin()
+    lazy = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.stream(torch.cuda.Stream()):
+        with pytest.raises(SimulatedCudaError, match="capture_end\\(\\) must have been called"):
+            lazy.instantiate()
+        lazy.capture_begin()
+        lazy.capture_end()
+        lazy.replay()  # instantiates
+        with pytest.raises(SimulatedCudaError, match=owns):
+            lazy.capture_begin()
+
+
+def test_an_empty_capture_warns_where_the_simulation_sees_the_work(sim: SimulatedCuda) -> None:
+    """torch warns of a graph with no node; the simulation sees only launch() and events."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        quiet = torch.cuda.CUDAGraph()
+        quiet.capture_begin()
+        quiet.capture_end()  # off by default: CPU tensors' work never reaches the simulation
+        sim.warn_empty_captures = True
+        empty, full, evented = (torch.cuda.CUDAGraph() for _ in range(3))
+        empty.capture_begin()
+        with pytest.warns(UserWarning, match="The CUDA Graph is empty") as warned:
+            empty.capture_end()
+        full.capture_begin()
+        sim.launch()
+        full.capture_end()
+        evented.capture_begin()
+        torch.cuda.Event().record()
+        evented.capture_end()
+    assert len(warned) == 1
+    assert str(warned[0].message) == (
+        "The CUDA Graph is empty. This usually means that the graph was attempted to be "
+        "captured on wrong device or stream. [simulated CUDA]"
+    )
+    launches = [c for c in sim.calls if c.name == "launch"]
+    assert launches == [Call("launch", (stream.stream_id,), "MainThread")]
+
+
+def test_cuda_errors_are_accelerator_errors_and_torch_checks_are_not(sim: SimulatedCuda) -> None:
+    """AT_CUDA_CHECK raises torch.AcceleratorError; TORCH_CHECK a plain RuntimeError."""
+    g, _ = begin_raw()
+    with pytest.raises(SimulatedCudaError) as cuda_error:
+        torch.cuda.synchronize()
+    with pytest.raises(SimulatedCudaError) as invalidated:
+        g.capture_end()
+    with pytest.raises(SimulatedCudaError) as torch_check:
+        g.replay()
+    assert [isinstance(e.value, torch.AcceleratorError) for e in (cuda_error, invalidated)] == [
+        True,
+        True,
+    ]
+    assert not isinstance(torch_check.value, torch.AcceleratorError)
+    assert isinstance(torch_check.value, RuntimeError)

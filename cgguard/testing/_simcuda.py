@@ -6,6 +6,7 @@ import contextlib
 import itertools
 import os
 import threading
+import warnings
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cgguard._errors import CgguardError
@@ -17,7 +18,17 @@ if TYPE_CHECKING:
 
 _SUFFIX = " [simulated CUDA]"
 _MODES = ("global", "thread_local", "relaxed")
+# CUDA's own error strings (cudaGetErrorString), as torch's AT_CUDA_CHECK words them.
 _PROHIBITED = "CUDA error: operation not permitted when stream is capturing"
+_CAPTURED_EVENT = (
+    "CUDA error: operation not permitted on an event last recorded in a capturing stream"
+)
+_INVALIDATED = "CUDA error: operation failed due to a previous error during capture"
+# aten/src/ATen/cuda/CUDAGraph.cpp, CUDAGraph::capture_end: TORCH_WARN when the graph has no node.
+_EMPTY = (
+    "The CUDA Graph is empty. This usually means that the graph was attempted to be captured "
+    "on wrong device or stream."
+)
 _CUDA_DEVICE_TYPE = 1  # c10::DeviceType::CUDA, what torch reports as Stream.device_type
 
 
@@ -26,7 +37,35 @@ class SimulationError(CgguardError):
 
 
 class SimulatedCudaError(RuntimeError):
-    """What the simulated CUDA runtime raises where real CUDA or torch would raise."""
+    """What the simulated CUDA runtime raises where real CUDA or torch would raise.
+
+    A failed TORCH_CHECK in torch's C++ is a plain ``RuntimeError`` on every release; a CUDA
+    error (torch's AT_CUDA_CHECK) is ``torch.AcceleratorError`` where the installed torch has
+    that type, and the simulation raises a subclass of both for those.
+    """
+
+
+_CUDA_ERROR: list[type[SimulatedCudaError]] = []
+
+
+def _cuda_error_type() -> type[SimulatedCudaError]:
+    # Built once torch is imported: torch.AcceleratorError (a RuntimeError) exists only in
+    # recent releases, and older ones raise a plain RuntimeError for CUDA errors.
+    if not _CUDA_ERROR:
+        import torch
+
+        accelerator_error = getattr(torch, "AcceleratorError", None)
+        if isinstance(accelerator_error, type) and issubclass(accelerator_error, RuntimeError):
+            _CUDA_ERROR.append(
+                type(
+                    "SimulatedAcceleratorError",
+                    (SimulatedCudaError, accelerator_error),
+                    {"__module__": __name__, "__doc__": "A CUDA error, simulated."},
+                )
+            )
+        else:
+            _CUDA_ERROR.append(SimulatedCudaError)
+    return _CUDA_ERROR[0]
 
 
 class Call(NamedTuple):
@@ -38,7 +77,10 @@ class Call(NamedTuple):
     ``capture_begin (graph_id, stream_id, mode)``, ``capture_invalidated (graph_id,)``,
     ``capture_end (graph_id, ok)``, ``replay (graph_id,)``, ``reset (graph_id,)``,
     ``instantiate (graph_id,)``, ``enable_debug_mode (graph_id,)``,
-    ``debug_dump (graph_id, path)``. Calls that then fail are recorded too; queries are not.
+    ``debug_dump (graph_id, path)``, ``stream_query (stream_id,)``, ``event_query (event_id,)``,
+    ``launch (stream_id,)``. Calls that then fail are recorded too. What torch answers without
+    calling CUDA is not: the synchronize or query of an event never recorded, whether the
+    current stream is capturing.
     """
 
     name: str
@@ -57,7 +99,13 @@ class ActiveCapture(NamedTuple):
 
 
 def _error(message: str) -> SimulatedCudaError:
+    """torch's own check failed (TORCH_CHECK): a RuntimeError."""
     return SimulatedCudaError(message + _SUFFIX)
+
+
+def _cuda_error(message: str) -> SimulatedCudaError:
+    """CUDA returned an error (AT_CUDA_CHECK): torch.AcceleratorError where torch has it."""
+    return _cuda_error_type()(message + _SUFFIX)
 
 
 class SimulatedCuda:
@@ -65,14 +113,23 @@ class SimulatedCuda:
 
     Stream 0 is the default stream and each thread starts on it. Captures follow CUDA's
     capture-mode rules for unsafe calls, so code that passes here is not lax on a real GPU.
+    docs/cuda-behaviour.md lists which of these rules are CUDA's documented behaviour and which
+    are the simulation's pick where the evidence conflicts.
+
+    CPU tensors never reach the simulation, so it sees no kernels: the only work a capture
+    holds here is its events' records and waits and what ``launch()`` adds. Set
+    ``warn_empty_captures`` where a program launches its simulated work that way, and a capture
+    that holds none warns as torch warns of an empty graph.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._calls: list[Call] = []
         self._captures: dict[int, ActiveCapture] = {}
+        self._nodes: dict[int, int] = {}  # work captured so far, by graph id
         self._counters: dict[str, itertools.count[int]] = {}
         self._local = threading.local()
+        self.warn_empty_captures = False
 
     def __repr__(self) -> str:
         with self._lock:
@@ -101,10 +158,27 @@ class SimulatedCuda:
         with self._lock:
             self._note_locked(name, *args)
 
+    def launch(self, stream: Any = None) -> None:
+        """A kernel launched on ``stream`` (the current stream by default): captured if it
+        captures, as one node of its graph."""
+        stream_id = self._current_stream_id() if stream is None else int(stream.stream_id)
+        with _live(self)._lock:
+            self._note_locked("launch", stream_id)
+            self._add_node_locked(stream_id)
+
     def _new_id(self, kind: str) -> int:
-        # One sequence per kind, so the ids in calls read graph 1, stream 1, event 1.
         with self._lock:
-            return next(self._counters.setdefault(kind, itertools.count(1)))
+            return self._next_id_locked(kind)
+
+    def _next_id_locked(self, kind: str) -> int:
+        # One sequence per kind, so the ids in calls read graph 1, stream 1, event 1.
+        return next(self._counters.setdefault(kind, itertools.count(1)))
+
+    def _add_node_locked(self, stream_id: int) -> ActiveCapture | None:
+        capture = self._capture_on_locked(stream_id)
+        if capture is not None:
+            self._nodes[capture.graph_id] = self._nodes.get(capture.graph_id, 0) + 1
+        return capture
 
     def _current_stream_id(self) -> int:
         stream_id: int = getattr(self._local, "stream_id", 0)
@@ -130,7 +204,15 @@ class SimulatedCuda:
             for capture in culprits:
                 self._captures[capture.graph_id] = capture._replace(invalidated=True)
                 self._note_locked("capture_invalidated", capture.graph_id)
-            raise _error(_PROHIBITED)
+            raise _cuda_error(_PROHIBITED)
+
+    def _forbid_captured_event_locked(self, event: _EventBackend) -> None:
+        # cudaErrorCapturedEvent, in every capture mode (CUDA runtime API, cudaStreamCaptureMode:
+        # even relaxed capture prohibits "cudaEventQuery on an event that was last recorded
+        # inside a stream capture"). Whether it also invalidates a relaxed capture is not
+        # documented: here it does not (docs/cuda-behaviour.md).
+        if event._simcuda_captured_in in self._captures:
+            raise _cuda_error(_CAPTURED_EVENT)
 
     def _capture_on_locked(self, stream_id: int) -> ActiveCapture | None:
         return next((c for c in self._captures.values() if c.stream_id == stream_id), None)
@@ -145,10 +227,46 @@ class SimulatedCuda:
             self._note_locked("stream_synchronize", stream_id)
             self._forbid_unsafe_locked(also=self._capture_on_locked(stream_id))
 
-    def _event_synchronize(self, event_id: int) -> None:
+    def _event_synchronize(self, event: _EventBackend) -> None:
+        # torch's CUDAEvent::synchronize calls cudaEventSynchronize only once the event exists,
+        # and it is created at its first record(): before that it is no CUDA call at all.
+        if event._simcuda_recorded_on is None:
+            return
         with self._lock:
-            self._note_locked("event_synchronize", event_id)
+            self._note_locked("event_synchronize", event._simcuda_id)
             self._forbid_unsafe_locked()
+            self._forbid_captured_event_locked(event)
+
+    def _event_query(self, event: _EventBackend) -> bool:
+        # CUDAEvent::query answers true without CUDA before the event's first record().
+        # cudaEventQuery is an unsafe call during capture: in global mode a query on another
+        # thread invalidates the capture (pytorch PR 104555, the NCCL watchdog's queries).
+        if event._simcuda_recorded_on is None:
+            return True
+        with self._lock:
+            self._note_locked("event_query", event._simcuda_id)
+            self._forbid_unsafe_locked()
+            self._forbid_captured_event_locked(event)
+        return True
+
+    def _event_record(self, event: _EventBackend, stream_id: int) -> None:
+        with self._lock:
+            self._note_locked("event_record", event._simcuda_id, stream_id)
+            capture = self._add_node_locked(stream_id)
+            event._simcuda_recorded_on = stream_id
+            event._simcuda_captured_in = None if capture is None else capture.graph_id
+
+    def _event_wait(self, event: _EventBackend, stream_id: int) -> None:
+        with self._lock:
+            self._note_locked("event_wait", event._simcuda_id, stream_id)
+            self._add_node_locked(stream_id)
+
+    def _stream_query(self, stream_id: int) -> bool:
+        # Querying the capturing stream itself is invalid in every mode, as synchronizing it is.
+        with self._lock:
+            self._note_locked("stream_query", stream_id)
+            self._forbid_unsafe_locked(also=self._capture_on_locked(stream_id))
+        return True
 
     def _is_capturing(self) -> bool:
         with self._lock:
@@ -165,7 +283,9 @@ class SimulatedCuda:
                     "Unknown capture error mode. Expected `global`, `thread_local`, or "
                     f"`relaxed`, got {mode}"
                 )
-            if graph._simcuda_captured or graph._simcuda_id in self._captures:
+            # CUDAGraph::capture_begin: TORCH_CHECK(!has_graph_exec_, ...). A keep_graph=True
+            # graph has none until instantiate() or replay(), so it may be captured again.
+            if graph._simcuda_exec:
                 raise _error(
                     "This CUDAGraph instance already owns a captured graph. "
                     "To capture a new graph, create a new instance."
@@ -178,11 +298,20 @@ class SimulatedCuda:
             busy = self._capture_on_locked(stream_id)
             if busy is not None:
                 self._forbid_unsafe_locked(also=busy)
-            if pool is not None:
-                graph._simcuda_pool = pool
+            if graph._simcuda_id in self._captures:
+                # torch would begin a second capture into the graph on this other stream and
+                # lose track of the first; the simulation keeps one capture per graph.
+                raise SimulationError(
+                    "the simulation cannot begin a second capture into a graph whose capture "
+                    "is under way" + _SUFFIX
+                )
+            # A shared pool as given; else a private one, numbered in the first half as
+            # torch numbers them (graph_pool_handle() numbers the second).
+            graph._simcuda_pool = pool if pool is not None else (self._next_id_locked("pool"), 0)
             self._captures[graph._simcuda_id] = ActiveCapture(
                 graph._simcuda_id, stream_id, str(mode), threading.get_ident(), False
             )
+            self._nodes[graph._simcuda_id] = 0
 
     def _capture_end(self, graph: _GraphBackend) -> None:
         graph_id = graph._simcuda_id
@@ -195,16 +324,40 @@ class SimulatedCuda:
                 self._note_locked("capture_end", graph_id, False)
                 raise _error("Capture must end on the same stream it began on.")
             del self._captures[graph_id]
+            nodes = self._nodes.pop(graph_id, 0)
             self._note_locked("capture_end", graph_id, not capture.invalidated)
             if capture.invalidated:
-                raise _error("CUDA error: operation failed due to a previous error during capture")
+                raise _cuda_error(_INVALIDATED)
             graph._simcuda_captured = True
+            # keep_graph=False: capture_end instantiates; keep_graph=True: instantiate() or the
+            # first replay() does.
+            graph._simcuda_exec = not graph.keep_graph
+        if nodes == 0 and self.warn_empty_captures:
+            warnings.warn(_EMPTY + _SUFFIX, UserWarning, stacklevel=3)
+
+    def _instantiate(self, graph: _GraphBackend) -> None:
+        with self._lock:
+            self._note_locked("instantiate", graph._simcuda_id)
+            if not graph._simcuda_captured:
+                raise _error("capture_end() must have been called before calling instantiate")
+            if graph._simcuda_exec and not graph.keep_graph:
+                raise _error(
+                    "instantiate() is intended to be called by the user only when keep_graph=true"
+                )
+            graph._simcuda_exec = True
 
     def _replay(self, graph: _GraphBackend) -> None:
         with self._lock:
             self._note_locked("replay", graph._simcuda_id)
             if not graph._simcuda_captured:
                 raise _error("Called CUDAGraph::replay without a preceding successful capture.")
+            graph._simcuda_exec = True
+
+    def _pool(self, graph: _GraphBackend) -> object:
+        with self._lock:
+            if not graph._simcuda_captured:
+                raise _error("Called CUDAGraph::pool() without a preceding successful capture.")
+            return graph._simcuda_pool
 
 
 _ACTIVE: SimulatedCuda | None = None
@@ -242,8 +395,10 @@ class _GraphBackend:
 
     _simcuda: SimulatedCuda
     _simcuda_id: int
-    _simcuda_captured: bool
+    _simcuda_captured: bool  # capture_ended_ in torch's CUDAGraph
+    _simcuda_exec: bool  # has_graph_exec_: instantiated
     _simcuda_pool: object
+    keep_graph: bool
 
     def capture_begin(self, pool: object = None, capture_error_mode: object = "global") -> None:
         _live(self._simcuda)._capture_begin(self, pool, capture_error_mode)
@@ -258,13 +413,13 @@ class _GraphBackend:
         sim = _live(self._simcuda)
         with sim._lock:
             sim._note_locked("reset", self._simcuda_id)
-            self._simcuda_captured = False
+            self._simcuda_captured = self._simcuda_exec = False
 
     def pool(self) -> object:
-        return self._simcuda_pool
+        return _live(self._simcuda)._pool(self)
 
     def instantiate(self) -> None:
-        _live(self._simcuda)._note("instantiate", self._simcuda_id)
+        _live(self._simcuda)._instantiate(self)
 
     def enable_debug_mode(self) -> None:
         _live(self._simcuda)._note("enable_debug_mode", self._simcuda_id)
@@ -293,8 +448,7 @@ class _StreamBackend:
         return torch.device("cuda", self.device_index)
 
     def query(self) -> bool:
-        _live(self._simcuda)
-        return True
+        return _live(self._simcuda)._stream_query(self.stream_id)
 
     def synchronize(self) -> None:
         _live(self._simcuda)._stream_synchronize(self.stream_id)
@@ -315,7 +469,8 @@ class _EventBackend:
     _simcuda: SimulatedCuda
     _simcuda_id: int
     _simcuda_timing: bool
-    _simcuda_recorded_on: int | None
+    _simcuda_recorded_on: int | None  # the stream of its last record; None: never recorded
+    _simcuda_captured_in: int | None  # the graph whose capture took that record, if any
 
     @property
     def cuda_event(self) -> int:
@@ -324,20 +479,18 @@ class _EventBackend:
     def record(self, stream: Any = None) -> None:
         sim = _live(self._simcuda)
         stream_id = sim._current_stream_id() if stream is None else int(stream.stream_id)
-        sim._note("event_record", self._simcuda_id, stream_id)
-        self._simcuda_recorded_on = stream_id
+        sim._event_record(self, stream_id)
 
     def wait(self, stream: Any = None) -> None:
         sim = _live(self._simcuda)
         stream_id = sim._current_stream_id() if stream is None else int(stream.stream_id)
-        sim._note("event_wait", self._simcuda_id, stream_id)
+        sim._event_wait(self, stream_id)
 
     def query(self) -> bool:
-        _live(self._simcuda)
-        return True
+        return _live(self._simcuda)._event_query(self)
 
     def synchronize(self) -> None:
-        _live(self._simcuda)._event_synchronize(self._simcuda_id)
+        _live(self._simcuda)._event_synchronize(self)
 
     def elapsed_time(self, end_event: _EventBackend) -> float:
         _live(self._simcuda)
@@ -360,7 +513,8 @@ def _graph_new(cls: type, keep_graph: bool = False) -> Any:
     self: Any = object.__new__(cls)
     self._tracker = None  # what the real CUDAGraph.__new__ sets, for its __del__ and replay
     self._simcuda, self._simcuda_id = sim, sim._new_id("graph")
-    self._simcuda_captured, self._simcuda_pool = False, (0, sim._new_id("pool"))
+    self._simcuda_captured = self._simcuda_exec = False
+    self._simcuda_pool = None  # set by capture_begin; pool() refuses until capture_end
     self.keep_graph = keep_graph
     return self
 
@@ -393,6 +547,7 @@ def _event_new(
     self: Any = object.__new__(cls)
     self._simcuda, self._simcuda_id = sim, sim._new_id("event")
     self._simcuda_timing, self._simcuda_recorded_on = enable_timing, None
+    self._simcuda_captured_in = None
     return self
 
 
