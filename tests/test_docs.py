@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from helpers import clean_environ
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -105,3 +108,28 @@ def test_readme_demo_output_quotes_the_demos_lines() -> None:
         source[int(line) - 1].strip() for line, _ in frames
     ]
     assert block.splitlines()[-1] == "serving: refused (CaptureDisabledError)"
+
+
+# How a process started with these interpreter flags was activated, without importing torch.
+_ACTIVATION = "import sys; s = sys.modules.get('cgguard._startup'); print(s and s.activated_by)"
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize(
+    ("flags", "activated_by"),
+    [((), "pth"), (("-I",), "pth"), (("-S",), "None")],
+    ids=["plain", "-I", "-S"],
+)
+def test_interpreter_flags_that_activation_reaches(
+    flags: tuple[str, ...], activated_by: str
+) -> None:
+    """As docs/configuration.md says: ``-I`` still runs the .pth; only ``-S`` escapes it."""
+    done = subprocess.run(
+        [sys.executable, *flags, "-c", _ACTIVATION],
+        env=clean_environ(CGGUARD_ENABLED="1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"{activated_by}\n", "")
