@@ -19,7 +19,7 @@ class CaptureViolation(CgguardError, RuntimeError):  # noqa: N818 - the public n
     """A CUDA-graph capture broke one of cgguard's rules.
 
     A RuntimeError, so handlers written for torch's own capture failures still catch it.
-    ``event`` is the violation's full event, as reported (see the README's event schema).
+    ``event`` is the violation's full event, as reported (see docs/rules-and-events.md).
     """
 
     rule: str = ""  # the rule's name; cgguard._rules builds its table from these

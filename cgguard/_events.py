@@ -1,5 +1,5 @@
-"""What cgguard says, as data: the README's event schema as types, and the one place that builds
-violation events, repeats, the exit summary and the JSON report's document."""
+"""What cgguard says, as data: the schemas of docs/rules-and-events.md as types, and the one place
+that builds violation events, repeats, the exit summary and the JSON report's document."""
 
 from __future__ import annotations
 
@@ -154,7 +154,7 @@ def violation(
     count: int,
     thread: tuple[str, int | None] | None = None,
 ) -> ViolationEvent:
-    """A violation as the full event the README documents.
+    """A violation as the full event docs/rules-and-events.md documents.
 
     ``cause_stack`` is where the cause happened, if known; ``cause`` says the rest, its
     ``where`` completed here from the cause's stack when there is one.

@@ -226,7 +226,7 @@ def test_check_begin_returns_the_record_to_activate() -> None:
 
 
 def test_disabled_event_is_the_documented_schema(events: list[dict[str, object]]) -> None:
-    """A refused attempt while disabled produces exactly the README's event, and raises it."""
+    """A refused attempt while disabled produces exactly the documented event, and raises it."""
     cgguard.install()
     FLAG.set(False, stack_of(runner_disables))
     with pytest.raises(cgguard.CaptureDisabledError) as raised:
@@ -272,7 +272,7 @@ def test_disabled_by_configuration_has_null_stack(events: list[dict[str, object]
 
 
 def test_nested_event_is_the_documented_schema(events: list[dict[str, object]]) -> None:
-    """A nested attempt produces exactly the README's event with the outer capture's stack."""
+    """A nested attempt produces exactly the documented event with the outer capture's stack."""
     cgguard.install(cgguard.Config(mode="log"))
     outer = (
         5,

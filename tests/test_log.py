@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 def nested_event() -> dict[str, Any]:
-    """A nested-capture violation that was refused, in the README's schema."""
+    """A nested-capture violation that was refused, in the documented event schema."""
     return {
         "event": "cgguard.capture_violation",
         "level": "error",
@@ -45,7 +45,7 @@ def nested_event() -> dict[str, Any]:
 
 
 def disabled_event(disabled_stack: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """A capture-disabled violation that was only logged, in the README's schema."""
+    """A capture-disabled violation that was only logged, in the documented event schema."""
     return {
         "event": "cgguard.capture_violation",
         "level": "warning",
