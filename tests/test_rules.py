@@ -578,10 +578,14 @@ def test_graphs_own_synchronize_is_not_a_violation(
 def test_sync_off_the_capturing_thread_is_not_a_violation(
     runtime: Runtime, events: list[dict[str, Any]]
 ) -> None:
-    """A synchronize on a thread not capturing, while another captures thread_local: legal."""
+    """A synchronize on a thread not capturing, while another captures thread_local: CUDA
+    documents no prohibition, so cgguard reports nothing. Whether CUDA lets a device-wide
+    synchronize through then is not settled (docs/cuda-behaviour.md): the test holds either way.
+    """
     cgguard.install(cgguard.Config(rules={"sync_during_capture": "raise"}, log_file=os.devnull))
     barrier = threading.Barrier(2, timeout=20)
     graph, stream, x = torch.cuda.CUDAGraph(), torch.cuda.Stream(), runtime.tensor()
+    cuda_said: list[BaseException] = []
 
     def capturer() -> None:
         with torch.cuda.stream(stream):
@@ -589,15 +593,24 @@ def test_sync_off_the_capturing_thread_is_not_a_violation(
             x.add_(1)
             barrier.wait()  # 1: capturing
             barrier.wait()  # 2: the other thread has synchronized
-            graph.capture_end()
+            try:
+                graph.capture_end()
+            except RuntimeError as exc:
+                cuda_said.append(exc)
 
     def synchronizer() -> None:
         barrier.wait()  # 1
-        torch.cuda.synchronize()
+        try:
+            torch.cuda.synchronize()
+        except RuntimeError as exc:
+            cuda_said.append(exc)
         barrier.wait()  # 2
 
     run_threads(barrier, {"cgg-capturer": capturer, "cgg-synchronizer": synchronizer})
-    graph.replay()
+    assert not any(isinstance(e, cgguard.CaptureViolation) for e in cuda_said)
+    if runtime.simulation:
+        assert cuda_said == []  # the simulation's pick: it goes through
+        graph.replay()
     assert (events, cgguard.status().captures, totals()) == ([], (), {})
 
 

@@ -1,0 +1,267 @@
+"""End to end: synchronizes and queries as CUDA treats them (docs/cuda-behaviour.md), on every
+thread, and torch.accelerator's graph and synchronize.
+
+The simulated scenarios run here; the `cuda` ones where a GPU exists.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import torch
+from helpers import SourceFile
+
+import cgguard
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from tests.conftest import Runtime
+
+THIS_FILE = SourceFile(__file__)
+frame = THIS_FILE.frame
+PROHIBITED = "operation not permitted"
+INVALIDATED = "previous error during capture"
+HAS_ACCELERATOR_GRAPH = isinstance(getattr(torch.accelerator, "Graph", None), type)
+
+
+def on_thread(name: str, target: Callable[[], object]) -> object:
+    """Run ``target`` on a thread called ``name``; its result or the exception it raised."""
+    out: list[object] = []
+
+    def run() -> None:
+        try:
+            out.append(target())
+        except Exception as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=run, name=name)
+    thread.start()
+    thread.join(timeout=30)
+    return out[0]
+
+
+def begin(mode: str) -> tuple[Any, Any]:
+    """A raw capture on a fresh side stream of this thread: (graph, stream)."""
+    stream = torch.cuda.Stream()
+    torch.cuda.set_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    graph.capture_begin(capture_error_mode=mode)  # @begin
+    return graph, stream
+
+
+def end(graph: Any) -> None:
+    graph.capture_end()
+    torch.cuda.set_stream(torch.cuda.default_stream())
+
+
+def test_an_event_never_recorded_is_no_violation(
+    runtime: Runtime, events: list[dict[str, Any]]
+) -> None:
+    """Its synchronize and query make no CUDA call: nothing to report, even set to raise."""
+    cgguard.install(cgguard.Config(rules={"sync_during_capture": "raise"}, log_file=os.devnull))
+    never = torch.cuda.Event()
+    graph, _ = begin("global")
+    runtime.tensor().add_(1)
+    never.synchronize()
+    assert never.query() is True
+    end(graph)
+    graph.replay()
+    assert events == []
+
+
+@pytest.mark.parametrize("call", ["synchronize", "query"])
+def test_another_threads_call_during_a_global_capture_is_reported_with_both_stacks(
+    runtime: Runtime, events: list[dict[str, Any]], call: str
+) -> None:
+    """In global mode CUDA fails every thread's unsafe call: a thread that is not capturing gets
+    the report, naming the capture and the thread that holds it."""
+    cgguard.install(cgguard.Config(rules={"sync_during_capture": "raise"}, log_file=os.devnull))
+    done = torch.cuda.Event()
+    done.record()  # before the capture, on the default stream
+    graph, _ = begin("global")
+    runtime.tensor().add_(1)
+
+    def other() -> None:
+        getattr(done, call)()  # @other-call
+
+    error = on_thread("cgg-other", other)
+    assert isinstance(error, cgguard.SyncDuringCaptureError)
+    end(graph)  # refused before CUDA: the capture is intact
+    graph.replay()
+    (event,) = events
+    api = f"Event.{call}"
+    verb = "queries" if call == "query" else "synchronizes"
+    assert (
+        event["api"],
+        event["thread"],
+        event["capture_thread_id"],
+        event["stack"][-1],
+        event["capture_stack"][-1],
+    ) == (
+        api,
+        "cgg-other",
+        threading.get_ident(),
+        frame("@other-call", "other"),
+        frame("@begin", "begin"),
+    )
+    assert event["message"].startswith(
+        f"Synchronize during CUDA graph capture: {api} at {THIS_FILE.path}:"
+        f"{THIS_FILE.line_of('@other-call')} (in other) {verb} while thread "
+        f"{threading.get_ident()}'s capture begun at "
+    )
+    assert event["message"].endswith(
+        "is active in capture_error_mode 'global', in which CUDA fails an unsafe call on any "
+        "thread ('operation not permitted when stream is capturing') and invalidates the capture."
+    )
+
+
+@pytest.mark.parametrize("mode", ["thread_local", "relaxed"])
+def test_another_threads_synchronize_is_not_checked_outside_global_mode(
+    runtime: Runtime, events: list[dict[str, Any]], mode: str
+) -> None:
+    """thread_local and relaxed captures prohibit nothing on other threads that CUDA documents."""
+    cgguard.install(cgguard.Config(rules={"sync_during_capture": "raise"}, log_file=os.devnull))
+    done = torch.cuda.Event()
+    done.record()
+    graph, _ = begin(mode)
+    runtime.tensor().add_(1)
+    assert on_thread("cgg-other", done.query) is True
+    end(graph)
+    assert events == []
+
+
+def test_a_global_capture_broken_by_another_threads_query_in_log_mode(
+    runtime: Runtime, events: list[dict[str, Any]]
+) -> None:
+    """Log mode reports the query, then CUDA fails it and the capture, as without cgguard."""
+    cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
+    done = torch.cuda.Event()
+    done.record()
+    graph, _ = begin("global")
+    runtime.tensor().add_(1)
+    error = on_thread("cgg-watchdog", done.query)
+    assert isinstance(error, RuntimeError)
+    assert not isinstance(error, cgguard.CaptureViolation)
+    assert PROHIBITED in str(error)
+    with pytest.raises(RuntimeError, match=INVALIDATED):
+        graph.capture_end()
+    torch.cuda.set_stream(torch.cuda.default_stream())
+    assert [(e["rule"], e["action"], e["api"], e["thread"]) for e in events] == [
+        ("sync_during_capture", "logged", "Event.query", "cgg-watchdog")
+    ]
+
+
+@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
+def test_querying_the_capturing_stream_is_reported_in_every_mode(
+    runtime: Runtime, events: list[dict[str, Any]], mode: str
+) -> None:
+    """CUDA fails a query of the capturing stream in every mode."""
+    cgguard.install(cgguard.Config(rules={"sync_during_capture": "raise"}, log_file=os.devnull))
+    graph, stream = begin(mode)
+    runtime.tensor().add_(1)
+    with pytest.raises(cgguard.SyncDuringCaptureError):
+        stream.query()  # @stream-query
+    end(graph)
+    assert [(e["api"], e["stack"][-1]) for e in events] == [
+        (
+            "Stream.query",
+            frame("@stream-query", "test_querying_the_capturing_stream_is_reported_in_every_mode"),
+        )
+    ]
+
+
+def test_a_query_of_another_stream_during_a_relaxed_capture_is_legal(
+    runtime: Runtime, events: list[dict[str, Any]]
+) -> None:
+    """Relaxed mode lets the capturing thread poll other work."""
+    cgguard.install(cgguard.Config(rules={"sync_during_capture": "raise"}, log_file=os.devnull))
+    side = torch.cuda.Stream()
+    graph, _ = begin("relaxed")
+    runtime.tensor().add_(1)
+    assert side.query() is True
+    end(graph)
+    assert events == []
+
+
+@pytest.mark.skipif(not HAS_ACCELERATOR_GRAPH, reason="needs torch.accelerator.Graph (torch 2.13+)")
+def test_accelerator_graph_inside_a_capture_is_refused_before_torch_runs(
+    runtime: Runtime, events: list[dict[str, Any]]
+) -> None:
+    """torch.accelerator.Graph is checked like torch.cuda.graph: a nested one is refused in
+    __enter__ before its synchronize, and a raw capture_begin before CUDA."""
+    cgguard.install(cgguard.Config(log_file=os.devnull))
+    outer = torch.cuda.CUDAGraph()
+    # Bare instances: on a machine without a device torch cannot construct one, and a refused
+    # capture never reaches the C half.
+    inner = torch.accelerator.Graph.__new__(torch.accelerator.Graph)
+    inner.capture_error_mode = "default"
+    with torch.cuda.graph(outer):  # @outer
+        runtime.tensor().add_(1)
+        with pytest.raises(cgguard.NestedCaptureError):
+            with inner:  # @accelerator-with
+                pytest.fail("the body of a refused capture ran")
+        with pytest.raises(cgguard.NestedCaptureError):
+            inner.capture_begin()  # @accelerator-begin
+    test = "test_accelerator_graph_inside_a_capture_is_refused_before_torch_runs"
+    got = [(e["rule"], e["api"], e["stack"][-1], e["outer_stack"][-1]) for e in events]
+    assert got == [
+        (
+            "nested_capture",
+            "torch.accelerator.Graph",
+            frame("@accelerator-with", test),
+            frame("@outer", test),
+        ),
+        (
+            "nested_capture",
+            "Graph.capture_begin",
+            frame("@accelerator-begin", test),
+            frame("@outer", test),
+        ),
+    ]
+
+
+@pytest.mark.skipif(not HAS_ACCELERATOR_GRAPH, reason="needs torch.accelerator (torch 2.13+)")
+def test_accelerator_synchronize_during_a_capture_is_reported(
+    runtime: Runtime, events: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch.accelerator.synchronize() lands in torch._C._accelerator_synchronizeDevice,
+    checked like torch.cuda.synchronize()."""
+    if runtime.simulation is not None:
+        # Without a device torch fails to name the current one before the synchronize.
+        monkeypatch.setattr(torch.accelerator, "_get_device_index", lambda *args, **kwargs: 0)
+    cgguard.install(cgguard.Config(rules={"sync_during_capture": "raise"}, log_file=os.devnull))
+    graph, _ = begin("global")
+    runtime.tensor().add_(1)
+    with pytest.raises(cgguard.SyncDuringCaptureError):
+        torch.accelerator.synchronize()  # @accelerator-sync
+    end(graph)
+    test = "test_accelerator_synchronize_during_a_capture_is_reported"
+    assert [(e["api"], e["stack"][-1]) for e in events] == [
+        ("torch.accelerator.synchronize", frame("@accelerator-sync", test))
+    ]
+
+
+@pytest.mark.cuda
+def test_accelerator_graph_nested_in_a_cuda_graph_on_a_gpu(events: list[dict[str, Any]]) -> None:
+    """On a GPU: a real torch.accelerator.Graph begun inside a torch.cuda.graph is refused."""
+    cgguard.install(cgguard.Config(log_file=os.devnull))
+    x = torch.zeros(4, device="cuda")
+    outer, inner = torch.cuda.CUDAGraph(), torch.accelerator.Graph()
+    with torch.cuda.graph(outer):
+        x.add_(1)
+        with pytest.raises(cgguard.NestedCaptureError):
+            with inner:
+                pytest.fail("the body of a refused capture ran")
+    outer.replay()
+    plain = torch.accelerator.Graph()
+    with torch.cuda.stream(torch.cuda.Stream()), plain:
+        x.add_(1)
+    plain.replay()
+    assert [(e["rule"], e["api"]) for e in events] == [
+        ("nested_capture", "torch.accelerator.Graph")
+    ]
+    assert cgguard.status().captures == ()
