@@ -200,6 +200,10 @@ class Guard:
         # Captures torch.cuda.graph.__enter__ is preparing, by (thread id, id() of the graph):
         # the record for the capture_begin it makes, and the captures active when it checked.
         self.entering: dict[tuple[int, int], tuple[Record, tuple[int, ...]]] = {}
+        # Events last recorded into an active capture, with that capture's record: CUDA fails
+        # their synchronize and query in every mode (cudaErrorCapturedEvent). Weak, so an entry
+        # goes with its event; a capture's entries go when it ends.
+        self.captured_events: weakref.WeakKeyDictionary[Any, Record] = weakref.WeakKeyDictionary()
 
     def forget_run(self) -> None:
         """A forked child's fresh start: no parent's counts, captures or locks.
@@ -211,6 +215,7 @@ class Guard:
         self.ledger = Ledger()
         self.active.clear()
         self.entering.clear()
+        self.captured_events.clear()
         if self.report is not None:
             self.report.after_fork(self.ledger)
 
@@ -287,7 +292,7 @@ class Guard:
         capture path, benchmarks/capture_overhead.py). Put on the class, a function binds as
         the method it replaces, so it covers subclasses as a wrapt wrapper would.
         """
-        active, guard = self.active, self
+        active, guard, captured_events = self.active, self, self.captured_events
 
         @functools.wraps(original)
         def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -295,12 +300,63 @@ class Guard:
                 result = original(self, *args, **kwargs)
             except BaseException as exc:
                 if not guard._still_capturing(exc):
-                    active.pop(id(self), None)
+                    guard._forget_events(active.pop(id(self), None))
                 raise
-            active.pop(id(self), None)
+            ended = active.pop(id(self), None)
+            if captured_events:
+                guard._forget_events(ended)
             return result
 
         return capture_end
+
+    def make_event_record(self, original: Any) -> Any:
+        """Event.record, noting an event recorded into a capture of the recording thread.
+
+        A plain function, as for capture_end: Event.record runs often outside any capture, and
+        then costs one truth test here.
+        """
+        active = self.active
+
+        @functools.wraps(original)
+        def record(event: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(event, *args, **kwargs)
+            if active:  # nothing capturing, nothing to note
+                self.note_record(event, args, kwargs)
+            return result
+
+        return record
+
+    def note_record(self, event: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Remember whether ``event`` was just recorded into one of this thread's captures.
+
+        Known only for the current stream (torch's default for record()): whether another
+        stream captures is not known without asking CUDA, so such a record is forgotten.
+        """
+        try:
+            stream = args[0] if args else kwargs.get("stream")
+            thread = this_thread()
+            into = None
+            if (stream is None or self.is_current_stream(stream)) and self.is_capturing():
+                into = next(
+                    (r for r in reversed(list(self.active.values())) if r[1] is thread), None
+                )
+            if into is None:
+                self.captured_events.pop(event, None)
+            else:
+                self.captured_events[event] = into
+        except Exception as exc:
+            warn_once("guard:record", f"internal error while noting an event's record: {exc!r}")
+
+    def _forget_events(self, ended: Record | None) -> None:
+        """Drop the events recorded into a capture that has ended."""
+        if ended is None:
+            return
+        try:
+            for event, record in list(self.captured_events.items()):
+                if record is ended:
+                    self.captured_events.pop(event, None)
+        except Exception as exc:
+            warn_once("guard:events", f"internal error while forgetting events: {exc!r}")
 
     def checks_sync(self, api: str) -> Callable[[Any, Any, Any, Any], Any]:
         """A wrapt wrapper for a synchronize or query method: checked while anything captures."""
@@ -398,10 +454,15 @@ class Guard:
         self.drop_abandoned()
         ident, thread = get_ident(), this_thread()
         try:
-            if api in _EVENT_CALLS and not instance.cuda_event:
-                # torch creates an event at its first record(); before that, its synchronize
-                # and query make no CUDA call (CUDAEvent::synchronize, ::query).
-                return
+            captured_in = None
+            if api in _EVENT_CALLS:
+                if not instance.cuda_event:
+                    # torch creates an event at its first record(); before that, its synchronize
+                    # and query make no CUDA call (CUDAEvent::synchronize, ::query).
+                    return
+                captured_in = self.captured_events.get(instance) if self.captured_events else None
+                if captured_in is not None and self.active.get(captured_in[0]) is not captured_in:
+                    captured_in = None  # that capture has ended
             query = api in _QUERIES
             cause = find_sync_violation(
                 thread,
@@ -412,9 +473,13 @@ class Guard:
                     and self.is_capturing()
                     and self.is_current_stream(instance)
                 ),
+                captured_in=captured_in,
             )
             if cause is None:
                 return
+            # Failed for the event's sake, not as an unsafe call on a prohibited thread.
+            prohibited = cause[1] == thread and cause[3] != "relaxed"
+            captured_event = cause is captured_in and not prohibited
             if any(entering_thread == ident for entering_thread, _ in list(self.entering)):
                 # torch.cuda.graph.__enter__'s own synchronize: part of the capture attempt,
                 # reported already under the rule it breaks, unless that rule is off.
@@ -427,7 +492,8 @@ class Guard:
                 "guard:sync", f"internal error while checking a synchronize, not checked: {exc!r}"
             )
             return
-        error = self._violated([("sync_during_capture", cause)], api, stack, refuse=True)
+        found: Found = [("sync_during_capture", cause)]
+        error = self._violated(found, api, stack, refuse=True, captured_event=captured_event)
         if error is not None:
             raise error
 
@@ -448,7 +514,13 @@ class Guard:
                 self._violated([("abandoned_capture", record)], api, stack, refuse=False)
 
     def _violated(
-        self, found: Found, api: str, stack: Snapshot | LiveStack, *, refuse: bool
+        self,
+        found: Found,
+        api: str,
+        stack: Snapshot | LiveStack,
+        *,
+        refuse: bool,
+        captured_event: bool = False,
     ) -> CaptureViolation | None:
         """Count and report each violation; return the error to raise, if an action says raise.
 
@@ -464,7 +536,9 @@ class Guard:
                 if refuse and action == "raise" and refusing is None:
                     refusing = rule
         try:
-            return self._report_each(acting, api, stack, refuse=refuse)
+            return self._report_each(
+                acting, api, stack, refuse=refuse, captured_event=captured_event
+            )
         except Exception as exc:
             warn_once("guard:report", f"internal error while reporting a violation: {exc!r}")
             if refusing is None:
@@ -480,6 +554,7 @@ class Guard:
         stack: Snapshot | LiveStack,
         *,
         refuse: bool,
+        captured_event: bool = False,
     ) -> CaptureViolation | None:
         stack = resolve(stack)
         code, lasti = innermost_visible(stack)
@@ -492,7 +567,9 @@ class Guard:
             # Rendering is the expensive part: only for the first at a site, a raise, or
             # listeners that must see every violation in full.
             if count == 1 or raising or self.listeners:
-                event = self._event(rule, api, stack, cause, action=taken, count=count)
+                event = self._event(
+                    rule, api, stack, cause, action=taken, count=count, captured=captured_event
+                )
                 if count == 1:
                     site.first = event
                 self._publish(event)
@@ -508,7 +585,15 @@ class Guard:
         return error
 
     def _event(
-        self, rule: str, api: str, stack: Snapshot, cause: Record | None, *, action: str, count: int
+        self,
+        rule: str,
+        api: str,
+        stack: Snapshot,
+        cause: Record | None,
+        *,
+        action: str,
+        count: int,
+        captured: bool = False,
     ) -> ViolationEvent:
         if rule == "abandoned_capture" and cause is not None:
             name, ident = _names_of(cause[1])
@@ -524,6 +609,7 @@ class Guard:
                 mode,
                 query=api in _QUERIES,
                 elsewhere=thread is not this_thread(),
+                captured_event=captured,
             )
             return _events.violation(
                 rule, api, stack, resolve(began_at), told, action=action, count=count
@@ -591,23 +677,27 @@ def find_sync_violation(
     *,
     query: bool = False,
     on_capturing_stream: bool = False,
+    captured_in: Record | None = None,
 ) -> Record | None:
     """The capture a synchronize (or a query) on ``thread`` would break, if any.
 
     CUDA's capture modes (cudaStreamCaptureMode): a thread's own capture prohibits its unsafe
-    calls unless relaxed, and a global capture prohibits every thread's. Every synchronize on
-    the capturing thread is reported, relaxed included, since it cannot wait for the captured
-    work; a query there only where CUDA fails it: unless relaxed, or of the capturing stream
-    (``on_capturing_stream``). See docs/cuda-behaviour.md for what is settled.
+    calls unless relaxed, and a global capture prohibits every thread's. An event last recorded
+    into a capture (``captured_in``) fails its synchronize and query in every mode, on any
+    thread. Every synchronize on the capturing thread is reported, relaxed included, since it
+    cannot wait for the captured work; a query there only where CUDA fails it: unless relaxed,
+    or of the capturing stream (``on_capturing_stream``). docs/cuda-behaviour.md says what is
+    settled. The cause named first is the one CUDA's answer comes from.
     """
     records = list(active)
-    for record in records:
-        if record[1] == thread and (not query or record[3] != "relaxed" or on_capturing_stream):
-            return record
-    for record in records:
-        if record[1] != thread and record[3] == "global":
-            return record
-    return None
+    own = next((r for r in records if r[1] == thread), None)
+    if own is not None and own[3] != "relaxed":
+        return own
+    if captured_in is not None:
+        return captured_in
+    if own is not None and (not query or on_capturing_stream):
+        return own
+    return next((r for r in records if r[1] != thread and r[3] == "global"), None)
 
 
 def _names_of(thread: ThreadRef) -> tuple[str, int | None]:

@@ -65,6 +65,7 @@ def patch_torch(guard: Guard) -> None:
             (event, "synchronize", _wrapt(guard.checks_sync(API_EVENT_SYNCHRONIZE))),
             (stream, "query", _wrapt(guard.checks_sync(API_STREAM_QUERY))),
             (event, "query", _wrapt(guard.checks_sync(API_EVENT_QUERY))),
+            (event, "record", guard.make_event_record),
         ]
     )
     try:

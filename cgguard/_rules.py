@@ -30,7 +30,7 @@ class Cause:
     """What a message may say about a violation's cause: where, which thread, which mode, and
     for a synchronize or query, whether it queries and whether another thread captures."""
 
-    __slots__ = ("elsewhere", "mode", "query", "thread_id", "where")
+    __slots__ = ("captured_event", "elsewhere", "mode", "query", "thread_id", "where")
 
     def __init__(
         self,
@@ -40,6 +40,7 @@ class Cause:
         *,
         query: bool = False,
         elsewhere: bool = False,
+        captured_event: bool = False,
     ) -> None:
         # "begun at {where} via API" ({where} is filled in once the cause's stack is
         # rendered), or why capture was disabled.
@@ -48,6 +49,7 @@ class Cause:
         self.mode = mode
         self.query = query  # the offending call queries rather than synchronizes
         self.elsewhere = elsewhere  # the capture is another thread's
+        self.captured_event = captured_event  # the call is on an event recorded in the capture
 
     def completed(self, where: str) -> "Cause":
         """This cause with ``{where}`` filled in."""
@@ -57,6 +59,7 @@ class Cause:
             self.mode,
             query=self.query,
             elsewhere=self.elsewhere,
+            captured_event=self.captured_event,
         )
 
 
@@ -127,6 +130,13 @@ def _sync(head: str, cause: Cause) -> str:
     # synchronize that waits on neither the capturing stream nor a captured event is not.
     verb = "queries" if cause.query else "synchronizes"
     start = "Synchronize during CUDA graph capture:"
+    if cause.captured_event:
+        whose = f"thread {cause.thread_id}'s" if cause.elsewhere else "this thread's"
+        return (
+            f"{start} {head} {verb} an event last recorded in {whose} capture {cause.where}, "
+            f"which is active; CUDA fails it in every capture_error_mode ('operation not "
+            f"permitted on an event last recorded in a capturing stream')."
+        )
     if cause.elsewhere:
         return (
             f"{start} {head} {verb} while thread {cause.thread_id}'s capture {cause.where} is "

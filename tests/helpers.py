@@ -76,6 +76,7 @@ def torch_entry_points() -> tuple[str, ...]:
         "torch.cuda.streams.Event.synchronize",
         "torch.cuda.streams.Stream.query",
         "torch.cuda.streams.Event.query",
+        "torch.cuda.streams.Event.record",
     )
     if isinstance(getattr(getattr(torch, "accelerator", None), "Graph", None), type):
         points += (

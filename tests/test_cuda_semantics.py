@@ -15,6 +15,7 @@ import torch
 from helpers import SourceFile
 
 import cgguard
+from cgguard import _guard
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -265,3 +266,84 @@ def test_accelerator_graph_nested_in_a_cuda_graph_on_a_gpu(events: list[dict[str
         ("nested_capture", "torch.accelerator.Graph")
     ]
     assert cgguard.status().captures == ()
+
+
+# --- Events recorded into a capture ------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["thread_local", "relaxed"])
+@pytest.mark.parametrize("call", ["synchronize", "query"])
+def test_an_event_recorded_in_a_capture_is_reported_on_any_thread_in_every_mode(
+    runtime: Runtime, events: list[dict[str, Any]], mode: str, call: str
+) -> None:
+    """cudaErrorCapturedEvent: refused before CUDA, on a thread that does not capture, even
+    where the capture's mode prohibits nothing on other threads."""
+    cgguard.install(cgguard.Config(rules={"sync_during_capture": "raise"}, log_file=os.devnull))
+    graph, _ = begin(mode)
+    runtime.tensor().add_(1)
+    inside = torch.cuda.Event()
+    inside.record()  # @record-inside
+
+    def other() -> None:
+        getattr(inside, call)()  # @captured-call
+
+    error = on_thread("cgg-other", other)
+    assert isinstance(error, cgguard.SyncDuringCaptureError)
+    end(graph)
+    graph.replay()
+    (event,) = events
+    verb = "queries" if call == "query" else "synchronizes"
+    assert (event["api"], event["capture_thread_id"], event["stack"][-1]) == (
+        f"Event.{call}",
+        threading.get_ident(),
+        frame("@captured-call", "other"),
+    )
+    assert event["message"].startswith(
+        f"Synchronize during CUDA graph capture: Event.{call} at {THIS_FILE.path}:"
+        f"{THIS_FILE.line_of('@captured-call')} (in other) {verb} an event last recorded in "
+        f"thread {threading.get_ident()}'s capture begun at "
+    )
+    assert event["message"].endswith(
+        "which is active; CUDA fails it in every capture_error_mode ('operation not permitted "
+        "on an event last recorded in a capturing stream')."
+    )
+
+
+def test_a_captured_events_synchronize_in_log_mode_then_fails_in_cuda(
+    runtime: Runtime, events: list[dict[str, Any]]
+) -> None:
+    """Log mode: reported, then CUDA's own error; a relaxed capture survives it."""
+    cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
+    graph, _ = begin("relaxed")
+    runtime.tensor().add_(1)
+    inside = torch.cuda.Event()
+    inside.record()
+    with pytest.raises(RuntimeError, match="event last recorded in a capturing stream") as cuda:
+        inside.query()
+    assert not isinstance(cuda.value, cgguard.CaptureViolation)
+    end(graph)
+    assert [(e["rule"], e["action"], e["api"]) for e in events] == [
+        ("sync_during_capture", "logged", "Event.query")
+    ]
+
+
+def test_an_event_recorded_in_a_capture_that_ended_or_rerecorded_is_not_reported(
+    runtime: Runtime, events: list[dict[str, Any]]
+) -> None:
+    """Once its capture ends, or once recorded again outside it, it is an ordinary event."""
+    cgguard.install(cgguard.Config(rules={"sync_during_capture": "raise"}, log_file=os.devnull))
+    ended, again = torch.cuda.Event(), torch.cuda.Event()
+    first, _ = begin("relaxed")
+    runtime.tensor().add_(1)
+    ended.record()
+    end(first)
+    assert _guard.current is not None
+    assert len(_guard.current.captured_events) == 0  # forgotten with its capture
+    assert on_thread("cgg-after", ended.synchronize) is None
+    second, _ = begin("relaxed")
+    runtime.tensor().add_(1)
+    again.record()
+    again.record(torch.cuda.default_stream())  # its last record is outside the capture now
+    assert on_thread("cgg-rerecorded", again.synchronize) is None
+    end(second)
+    assert events == []

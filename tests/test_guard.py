@@ -202,6 +202,18 @@ def test_own_capture_comes_before_another_threads_global_one() -> None:
     assert find_sync_violation(thread(7), [wide, mine]) is mine
 
 
+@pytest.mark.parametrize("query", [False, True])
+def test_an_event_recorded_in_a_capture_is_its_cause_on_any_thread(query: bool) -> None:
+    """cudaErrorCapturedEvent holds in every mode; a prohibited thread's own capture comes
+    first, since CUDA refuses its unsafe call before looking at the event."""
+    local = record(8, 1, mode="thread_local")
+    assert find_sync_violation(thread(7), [local], query=query, captured_in=local) is local
+    relaxed = record(7, 2, mode="relaxed")
+    assert find_sync_violation(thread(7), [relaxed, local], query=query, captured_in=local) is local
+    mine = record(7, 3, mode="global")
+    assert find_sync_violation(thread(7), [local, mine], query=query, captured_in=local) is mine
+
+
 def test_a_query_during_a_relaxed_capture_is_legal_unless_of_its_stream() -> None:
     """Relaxed mode lets a query through, but not one of the capturing stream itself."""
     mine = record(7, 1, mode="relaxed")
