@@ -335,22 +335,26 @@ def run(scenario: str, mode: str, device: str) -> dict[str, str]:
     """Run one scenario in this process: its outcome and its capture's fate.
 
     A failure before the probed call is the outcome too (``setup failed: ...``), so a scenario
-    that cannot even be set up on some runtime shows as a disagreement, not as a crash.
+    that cannot even be set up on some runtime shows as a disagreement, not as a crash. Warnings
+    outside the probed call and the final capture_end are ignored, whatever the caller's warning
+    filters (pytest turns them into errors): the result must not depend on who runs it.
     """
-    try:
-        scene = Scene(mode, device)
-    except Exception as exc:
-        return {"outcome": f"setup failed: {error_key(exc)}", "capture": "none begun"}
-    try:
-        SCENARIOS[scenario](scene)
-    except Exception as exc:
-        if scene.outcome is None:
-            scene.outcome = f"setup failed: {error_key(exc)}"
-    outcome = scene.outcome if scene.outcome is not None else "setup failed: no probed call"
-    try:
-        capture = scene.capture()
-    except Exception as exc:
-        capture = f"check failed: {error_key(exc)}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            scene = Scene(mode, device)
+        except Exception as exc:
+            return {"outcome": f"setup failed: {error_key(exc)}", "capture": "none begun"}
+        try:
+            SCENARIOS[scenario](scene)
+        except Exception as exc:
+            if scene.outcome is None:
+                scene.outcome = f"setup failed: {error_key(exc)}"
+        outcome = scene.outcome if scene.outcome is not None else "setup failed: no probed call"
+        try:
+            capture = scene.capture()
+        except Exception as exc:
+            capture = f"check failed: {error_key(exc)}"
     return {"outcome": outcome, "capture": capture}
 
 
@@ -392,8 +396,12 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    # os._exit: a thread stuck in a CUDA call, or a poisoned context's teardown, must not keep
-    # the process from ending once its result is out.
     import os
 
+    # Run by path, this file's folder comes first on sys.path; its modules must not shadow any
+    # that torch imports.
+    if sys.path and os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__)):
+        del sys.path[0]
+    # os._exit: a thread stuck in a CUDA call, or a poisoned context's teardown, must not keep
+    # the process from ending once its result is out.
     os._exit(main(sys.argv[1:]))
