@@ -228,6 +228,22 @@ def test_a_scenario_process_with_cgguard_loaded_refuses(capsys: pytest.CaptureFi
     assert capsys.readouterr().err.startswith("cgguard is loaded in the probe's process: cgguard, ")
 
 
+@pytest.mark.simulated
+def test_the_probe_refuses_to_observe_with_cgguard_installed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The table records the simulation alone: with cgguard installed the probe does not run."""
+    import cgguard
+
+    cgguard.install()
+    assert probe.main(["--simulated", "--only", "empty_capture"]) == 2
+    assert capsys.readouterr() == (
+        "",
+        "the probe cannot run on the simulated runtime here: cgguard is installed in this "
+        "process (CGGUARD_ENABLED?)\n",
+    )
+
+
 def test_bad_options_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     """--write-simulated with --only, and a table that cannot be read, exit 2 with one line."""
     assert probe.main(["--write-simulated", "--only", "empty_capture"]) == 2

@@ -46,8 +46,7 @@ def observe_simulated(names: Sequence[str]) -> Iterator[tuple[str, Result]]:
     if _install.is_installed():
         # The table records the simulation alone; cgguard's own refusals would change it.
         raise SimulationError("cgguard is installed in this process (CGGUARD_ENABLED?)")
-    for key in names:
-        yield key, _probe_scenarios.run_simulated(*key.split("/"))
+    return ((key, _probe_scenarios.run_simulated(*key.split("/"))) for key in names)
 
 
 def _child_environ() -> dict[str, str]:
@@ -223,22 +222,19 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     names = keys(args.only or SCENARIOS)
     device = None if args.simulated or args.write_simulated else _describe_device()
-    if device is not None:
-        where = device
-        observed = observe_in_subprocesses(
-            names, python=args.python, jobs=args.jobs, timeout=args.timeout
-        )
-    else:
-        where = SIMULATED
-        observed = (
-            observe_in_subprocesses(
-                names, python=args.python, jobs=args.jobs, timeout=args.timeout, simulated=True
-            )
-            if args.subprocess
-            else observe_simulated(names)
-        )
+    where = SIMULATED if device is None else device
     disagreements = 0
     try:
+        if device is None and not args.subprocess:
+            observed = observe_simulated(names)
+        else:
+            observed = observe_in_subprocesses(
+                names,
+                python=args.python,
+                jobs=args.jobs,
+                timeout=args.timeout,
+                simulated=device is None,
+            )
         if args.write_simulated:
             results = dict(observed)
             write_table(args.table, results)
