@@ -165,7 +165,8 @@ def test_the_committed_table_is_what_the_simulation_does(tmp_path: Path) -> None
     """
     written = tmp_path / "table.json"
     assert probe.main(["--write-simulated", "--table", str(written)]) == 0
-    assert probe.read_table(probe.TABLE) == probe.read_table(written)
+    stale = f"the simulated table is stale; regenerate it with: {probe.REGENERATE}"
+    assert probe.read_table(probe.TABLE) == probe.read_table(written), stale
     assert probe.keys() == list(probe.read_table(written))
 
 
