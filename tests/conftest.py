@@ -73,6 +73,36 @@ def events() -> Iterator[list[dict[str, Any]]]:
 
 
 @pytest.fixture(autouse=True)
+def _clean_cuda_device(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A `cuda` test leaves no capture open, its work finished and the default stream current.
+
+    So a capture that failed (and left its stream current, or open) cannot fail the tests after
+    it, in any order or selection. What cannot be cleaned up fails the test's teardown, reported
+    beside the test's own result, never instead of it. Named to sort before _clean_process (pytest
+    sets autouse fixtures up in name order) so that its teardown comes after cgguard's uninstall
+    and works on torch's own entry points.
+    """
+    if request.node.get_closest_marker("cuda") is None:
+        yield
+        return
+    import torch
+    from cuda_hygiene import pool_streams, restore
+
+    pool = pool_streams()
+    yield
+
+    def streams() -> Iterator[Any]:
+        default = torch.cuda.default_stream()
+        side = torch.cuda.graph.default_capture_stream
+        listed = [torch.cuda.current_stream(), *pool, *([side] if side is not None else [])]
+        yield from (s for s in listed if s != default)
+
+    problems = restore(streams())
+    if problems:
+        pytest.fail("the CUDA device was left unclean:\n" + "\n".join(problems), pytrace=False)
+
+
+@pytest.fixture(autouse=True)
 def _clean_process() -> Iterator[None]:
     environ = dict(os.environ)
     path = list(sys.path)
