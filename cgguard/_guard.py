@@ -43,11 +43,19 @@ API_STREAM_SYNCHRONIZE = "Stream.synchronize"
 API_EVENT_SYNCHRONIZE = "Event.synchronize"
 API_STREAM_QUERY = "Stream.query"
 API_EVENT_QUERY = "Event.query"
+API_EVENT_ELAPSED_TIME = "Event.elapsed_time"
 API_ACCELERATOR_GRAPH = "torch.accelerator.Graph"
 API_ACCELERATOR_CAPTURE_BEGIN = "Graph.capture_begin"
 API_ACCELERATOR_SYNCHRONIZE = "torch.accelerator.synchronize"
-_QUERIES = (API_STREAM_QUERY, API_EVENT_QUERY)
-_EVENT_CALLS = (API_EVENT_SYNCHRONIZE, API_EVENT_QUERY)
+# torch's CUDAEvent::elapsed_time queries both events (cudaEventQuery) before it measures.
+_QUERIES = (API_STREAM_QUERY, API_EVENT_QUERY, API_EVENT_ELAPSED_TIME)
+_EVENT_CALLS = (API_EVENT_SYNCHRONIZE, API_EVENT_QUERY, API_EVENT_ELAPSED_TIME)
+_STREAM_CALLS = (API_STREAM_SYNCHRONIZE, API_STREAM_QUERY)
+# Why a synchronize or query breaks a capture, where the message must say more than that the
+# calling thread may not make it: the event it waits on was recorded into the capture, or the
+# stream it waits on is the one capturing.
+WHY_CAPTURED_EVENT = "captured_event"
+WHY_CAPTURING_STREAM = "capturing_stream"
 
 
 class _Mark:
@@ -190,19 +198,22 @@ class Guard:
         self.follows = follows
         # Set by uninstall(): hooks a caller still holds a reference to let everything through.
         self.retired = False
-        # Whether the current stream is capturing, and whether a stream is the current one;
-        # cgguard._patches gives torch's answers.
+        # Whether the current stream is capturing, whether a stream is the current one, and
+        # whether a given stream is capturing; cgguard._patches gives torch's answers.
         self.is_capturing: Callable[[], bool] = _not_known
         self.is_current_stream: Callable[[Any], bool] = _not_current
+        self.stream_captures: Callable[[Any], bool] = _not_current
         # Captures begun and not yet ended, by id() of the CUDAGraph that holds them. Mutated
         # in place only: the capture_end function binds this very dict.
         self.active: dict[int, Record] = {}
         # Captures torch.cuda.graph.__enter__ is preparing, by (thread id, id() of the graph):
         # the record for the capture_begin it makes, and the captures active when it checked.
         self.entering: dict[tuple[int, int], tuple[Record, tuple[int, ...]]] = {}
-        # Events last recorded into an active capture, with that capture's record: CUDA fails
-        # their synchronize and query in every mode (cudaErrorCapturedEvent). Weak, so an entry
-        # goes with its event; a capture's entries go when it ends.
+        # Events last recorded into a capture, with that capture's record: CUDA fails their
+        # synchronize and query in every mode while it is active (cudaErrorCapturedEvent).
+        # Weak, so an entry goes with its event; an entry whose capture has ended is ignored
+        # (its record is no longer the active one), never searched for: iterating a weak
+        # dictionary while another thread adds to it fails.
         self.captured_events: weakref.WeakKeyDictionary[Any, Record] = weakref.WeakKeyDictionary()
 
     def forget_run(self) -> None:
@@ -215,7 +226,8 @@ class Guard:
         self.ledger = Ledger()
         self.active.clear()
         self.entering.clear()
-        self.captured_events.clear()
+        # Replaced, not cleared: the fork may have caught another thread inside it.
+        self.captured_events = weakref.WeakKeyDictionary()
         if self.report is not None:
             self.report.after_fork(self.ledger)
 
@@ -292,7 +304,7 @@ class Guard:
         capture path, benchmarks/capture_overhead.py). Put on the class, a function binds as
         the method it replaces, so it covers subclasses as a wrapt wrapper would.
         """
-        active, guard, captured_events = self.active, self, self.captured_events
+        active, guard = self.active, self
 
         @functools.wraps(original)
         def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -300,11 +312,9 @@ class Guard:
                 result = original(self, *args, **kwargs)
             except BaseException as exc:
                 if not guard._still_capturing(exc):
-                    guard._forget_events(active.pop(id(self), None))
+                    active.pop(id(self), None)
                 raise
-            ended = active.pop(id(self), None)
-            if captured_events:
-                guard._forget_events(ended)
+            active.pop(id(self), None)
             return result
 
         return capture_end
@@ -347,23 +357,12 @@ class Guard:
         except Exception as exc:
             warn_once("guard:record", f"internal error while noting an event's record: {exc!r}")
 
-    def _forget_events(self, ended: Record | None) -> None:
-        """Drop the events recorded into a capture that has ended."""
-        if ended is None:
-            return
-        try:
-            for event, record in list(self.captured_events.items()):
-                if record is ended:
-                    self.captured_events.pop(event, None)
-        except Exception as exc:
-            warn_once("guard:events", f"internal error while forgetting events: {exc!r}")
-
     def checks_sync(self, api: str) -> Callable[[Any, Any, Any, Any], Any]:
         """A wrapt wrapper for a synchronize or query method: checked while anything captures."""
 
         def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
             if self.active:  # nothing capturing, nothing to check
-                self.check_sync(api, instance)
+                self.check_sync(api, instance, args, kwargs)
             return wrapped(*args, **kwargs)
 
         return wrapper
@@ -446,40 +445,44 @@ class Guard:
         if found:
             self._violated(found, api, stack, refuse=False)
 
-    def check_sync(self, api: str, instance: Any = None) -> None:
-        """Check a synchronize or query made by the caller's caller (on ``instance``, a stream
-        or an event, where it is a method); report, maybe raise, before CUDA."""
+    def check_sync(
+        self,
+        api: str,
+        instance: Any = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        """Check a synchronize or query made by the caller's caller (a method of ``instance``,
+        a stream or an event, called with ``args``); report, maybe raise, before CUDA."""
         if self.retired:
             return
         self.drop_abandoned()
         ident, thread = get_ident(), this_thread()
         try:
             captured_in = None
+            capturing_stream = False
             if api in _EVENT_CALLS:
-                if not instance.cuda_event:
+                events = [instance]
+                if api == API_EVENT_ELAPSED_TIME:
+                    events.append(args[0] if args else (kwargs or {}).get("end_event"))
+                if not all(getattr(event, "cuda_event", 1) for event in events):
                     # torch creates an event at its first record(); before that, its synchronize
-                    # and query make no CUDA call (CUDAEvent::synchronize, ::query).
+                    # and query make no CUDA call (CUDAEvent::synchronize, ::query), and
+                    # elapsed_time refuses in torch before CUDA.
                     return
-                captured_in = self.captured_events.get(instance) if self.captured_events else None
-                if captured_in is not None and self.active.get(captured_in[0]) is not captured_in:
-                    captured_in = None  # that capture has ended
-            query = api in _QUERIES
+                captured_in = self._captured_into(events)
+            elif api in _STREAM_CALLS:
+                capturing_stream = self.stream_captures(instance)
             cause = find_sync_violation(
                 thread,
                 list(self.active.values()),
-                query=query,
-                on_capturing_stream=(
-                    api == API_STREAM_QUERY
-                    and self.is_capturing()
-                    and self.is_current_stream(instance)
-                ),
+                query=api in _QUERIES,
+                on_capturing_stream=capturing_stream,
                 captured_in=captured_in,
             )
             if cause is None:
                 return
-            # Failed for the event's sake, not as an unsafe call on a prohibited thread.
-            prohibited = cause[1] == thread and cause[3] != "relaxed"
-            captured_event = cause is captured_in and not prohibited
+            why = _why(cause, thread, captured_in, capturing_stream)
             if any(entering_thread == ident for entering_thread, _ in list(self.entering)):
                 # torch.cuda.graph.__enter__'s own synchronize: part of the capture attempt,
                 # reported already under the rule it breaks, unless that rule is off.
@@ -493,9 +496,20 @@ class Guard:
             )
             return
         found: Found = [("sync_during_capture", cause)]
-        error = self._violated(found, api, stack, refuse=True, captured_event=captured_event)
+        error = self._violated(found, api, stack, refuse=True, why=why)
         if error is not None:
             raise error
+
+    def _captured_into(self, events: list[Any]) -> Record | None:
+        """The active capture the first of ``events`` was last recorded into, if any."""
+        if not self.captured_events:
+            return None
+        for event in events:
+            record = self.captured_events.get(event)
+            # An entry outlives its capture: it counts only while its record is the active one.
+            if record is not None and self.active.get(record[0]) is record:
+                return record
+        return None
 
     def drop_abandoned(self) -> None:
         """Forget, and report once, the captures of threads that have ended."""
@@ -520,7 +534,7 @@ class Guard:
         stack: Snapshot | LiveStack,
         *,
         refuse: bool,
-        captured_event: bool = False,
+        why: str = "",
     ) -> CaptureViolation | None:
         """Count and report each violation; return the error to raise, if an action says raise.
 
@@ -536,9 +550,7 @@ class Guard:
                 if refuse and action == "raise" and refusing is None:
                     refusing = rule
         try:
-            return self._report_each(
-                acting, api, stack, refuse=refuse, captured_event=captured_event
-            )
+            return self._report_each(acting, api, stack, refuse=refuse, why=why)
         except Exception as exc:
             warn_once("guard:report", f"internal error while reporting a violation: {exc!r}")
             if refusing is None:
@@ -554,7 +566,7 @@ class Guard:
         stack: Snapshot | LiveStack,
         *,
         refuse: bool,
-        captured_event: bool = False,
+        why: str = "",
     ) -> CaptureViolation | None:
         stack = resolve(stack)
         code, lasti = innermost_visible(stack)
@@ -567,9 +579,7 @@ class Guard:
             # Rendering is the expensive part: only for the first at a site, a raise, or
             # listeners that must see every violation in full.
             if count == 1 or raising or self.listeners:
-                event = self._event(
-                    rule, api, stack, cause, action=taken, count=count, captured=captured_event
-                )
+                event = self._event(rule, api, stack, cause, action=taken, count=count, why=why)
                 if count == 1:
                     site.first = event
                 self._publish(event)
@@ -593,7 +603,7 @@ class Guard:
         *,
         action: str,
         count: int,
-        captured: bool = False,
+        why: str = "",
     ) -> ViolationEvent:
         if rule == "abandoned_capture" and cause is not None:
             name, ident = _names_of(cause[1])
@@ -609,7 +619,7 @@ class Guard:
                 mode,
                 query=api in _QUERIES,
                 elsewhere=thread is not this_thread(),
-                captured_event=captured,
+                why=why,
             )
             return _events.violation(
                 rule, api, stack, resolve(began_at), told, action=action, count=count
@@ -697,7 +707,24 @@ def find_sync_violation(
         return captured_in
     if own is not None and (not query or on_capturing_stream):
         return own
-    return next((r for r in records if r[1] != thread and r[3] == "global"), None)
+    wide = next((r for r in records if r[1] != thread and r[3] == "global"), None)
+    if wide is None and on_capturing_stream:
+        # The stream captures for another thread: which of its captures is not known, and
+        # with one capture per thread at a time, the first is right but for nesting.
+        return next((r for r in records if r[1] != thread), None)
+    return wide
+
+
+def _why(cause: Record, thread: object, captured_in: Record | None, capturing_stream: bool) -> str:
+    """What the message must name, beyond a call the thread was prohibited from making."""
+    _, holder, _, mode, _ = cause
+    if (holder == thread and mode != "relaxed") or (holder != thread and mode == "global"):
+        return ""  # prohibited on this thread: CUDA refuses before it looks further
+    if cause is captured_in:
+        return WHY_CAPTURED_EVENT
+    if capturing_stream:
+        return WHY_CAPTURING_STREAM
+    return ""
 
 
 def _names_of(thread: ThreadRef) -> tuple[str, int | None]:

@@ -16,6 +16,7 @@ import wrapt
 
 from cgguard._guard import (
     API_ACCELERATOR_SYNCHRONIZE,
+    API_EVENT_ELAPSED_TIME,
     API_EVENT_QUERY,
     API_EVENT_SYNCHRONIZE,
     API_STREAM_QUERY,
@@ -24,6 +25,7 @@ from cgguard._guard import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from types import ModuleType
 
     from cgguard._guard import Guard
 
@@ -55,6 +57,7 @@ def patch_torch(guard: Guard) -> None:
     # Looked up at each call: the simulated runtime replaces it while it is in place.
     guard.is_capturing = lambda: bool(cuda.is_current_stream_capturing())
     guard.is_current_stream = lambda stream: bool(stream == cuda.current_stream())
+    guard.stream_captures = lambda stream: _stream_captures(cuda, stream)
     guard.patches.apply(
         [
             (graphs.graph, "__enter__", _wrapt(guard.graph_enter)),
@@ -66,6 +69,7 @@ def patch_torch(guard: Guard) -> None:
             (stream, "query", _wrapt(guard.checks_sync(API_STREAM_QUERY))),
             (event, "query", _wrapt(guard.checks_sync(API_EVENT_QUERY))),
             (event, "record", guard.make_event_record),
+            (event, "elapsed_time", _wrapt(guard.checks_sync(API_EVENT_ELAPSED_TIME))),
         ]
     )
     try:
@@ -74,6 +78,20 @@ def patch_torch(guard: Guard) -> None:
     except BaseException:
         guard.patches.restore()
         raise
+
+
+def _stream_captures(cuda: ModuleType, stream: Any) -> bool:
+    """Whether ``stream`` is capturing: torch answers only for the current stream, so the
+    stream is made current for the question (a thread-local setting, no CUDA call) and the
+    previous one put back. Asked only while something captures."""
+    previous = cuda.current_stream()
+    if stream == previous:
+        return bool(cuda.is_current_stream_capturing())
+    cuda.set_stream(stream)
+    try:
+        return bool(cuda.is_current_stream_capturing())
+    finally:
+        cuda.set_stream(previous)
 
 
 def _accelerator_entry_points(guard: Guard) -> list[tuple[Any, str, Callable[[Any], Any]]]:

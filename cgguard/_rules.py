@@ -30,7 +30,7 @@ class Cause:
     """What a message may say about a violation's cause: where, which thread, which mode, and
     for a synchronize or query, whether it queries and whether another thread captures."""
 
-    __slots__ = ("captured_event", "elsewhere", "mode", "query", "thread_id", "where")
+    __slots__ = ("elsewhere", "mode", "query", "thread_id", "where", "why")
 
     def __init__(
         self,
@@ -40,7 +40,7 @@ class Cause:
         *,
         query: bool = False,
         elsewhere: bool = False,
-        captured_event: bool = False,
+        why: str = "",
     ) -> None:
         # "begun at {where} via API" ({where} is filled in once the cause's stack is
         # rendered), or why capture was disabled.
@@ -49,7 +49,9 @@ class Cause:
         self.mode = mode
         self.query = query  # the offending call queries rather than synchronizes
         self.elsewhere = elsewhere  # the capture is another thread's
-        self.captured_event = captured_event  # the call is on an event recorded in the capture
+        # What the call waits on that breaks the capture: "captured_event" (an event recorded
+        # into it), "capturing_stream" (its stream), or "" (a call the thread may not make).
+        self.why = why
 
     def completed(self, where: str) -> "Cause":
         """This cause with ``{where}`` filled in."""
@@ -59,7 +61,7 @@ class Cause:
             self.mode,
             query=self.query,
             elsewhere=self.elsewhere,
-            captured_event=self.captured_event,
+            why=self.why,
         )
 
 
@@ -130,12 +132,18 @@ def _sync(head: str, cause: Cause) -> str:
     # synchronize that waits on neither the capturing stream nor a captured event is not.
     verb = "queries" if cause.query else "synchronizes"
     start = "Synchronize during CUDA graph capture:"
-    if cause.captured_event:
-        whose = f"thread {cause.thread_id}'s" if cause.elsewhere else "this thread's"
+    whose = f"thread {cause.thread_id}'s" if cause.elsewhere else "this thread's"
+    if cause.why == "captured_event":
         return (
             f"{start} {head} {verb} an event last recorded in {whose} capture {cause.where}, "
             f"which is active; CUDA fails it in every capture_error_mode ('operation not "
             f"permitted on an event last recorded in a capturing stream')."
+        )
+    if cause.why == "capturing_stream":
+        return (
+            f"{start} {head} {verb} the stream of {whose} capture {cause.where}, which is "
+            f"active; CUDA fails it in every capture_error_mode ({_PROHIBITED}) and "
+            f"invalidates the capture."
         )
     if cause.elsewhere:
         return (

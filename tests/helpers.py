@@ -77,6 +77,7 @@ def torch_entry_points() -> tuple[str, ...]:
         "torch.cuda.streams.Stream.query",
         "torch.cuda.streams.Event.query",
         "torch.cuda.streams.Event.record",
+        "torch.cuda.streams.Event.elapsed_time",
     )
     if isinstance(getattr(getattr(torch, "accelerator", None), "Graph", None), type):
         points += (

@@ -465,8 +465,11 @@ def test_capture_begun_while_torch_prepares_another_is_concurrent(
             with torch.cuda.stream(b_stream):
                 b_graph.capture_begin(capture_error_mode="thread_local")
             b_began.set()
-            # Alive until its capture ends: a capture whose thread ended is abandoned.
+            # Alive until its capture ends, which it ends itself: a capture whose thread ended
+            # is abandoned, and CUDA ends a non-relaxed capture only on the thread that began it.
             assert release.wait(timeout=20)
+            with torch.cuda.stream(b_stream):
+                b_graph.capture_end()
 
         a = threading.Thread(target=_keep_error, args=(thread_a,), name="A")
         a.start()
@@ -475,8 +478,6 @@ def test_capture_begun_while_torch_prepares_another_is_concurrent(
             join_all(a)
         finally:
             torch._C._host_emptyCache = empty_cache
-        with torch.cuda.stream(b_stream):
-            b_graph.capture_end()
         release.set()
         join_all(b)
     assert [(e["rule"], e["api"], e["action"]) for e in events] == [
@@ -590,15 +591,20 @@ def test_capture_begun_while_another_is_being_reported_is_concurrent(
             with torch.cuda.stream(c_stream):
                 c_graph.capture_begin(capture_error_mode="thread_local")
             c_began.set()
-            # Alive to the end: a thread id is reused as soon as its thread exits.
+            # Alive to the end: a thread id is reused as soon as its thread exits. It ends its
+            # own capture: CUDA ends a non-relaxed capture only on the thread that began it.
             assert release.wait(timeout=20)
+            with torch.cuda.stream(c_stream):
+                c_graph.capture_end()
 
         def thread_b() -> None:  # begins while A's violation is still being reported
             ids["b"] = threading.get_ident()
             with torch.cuda.stream(b_stream):
                 b_graph.capture_begin(capture_error_mode="thread_local")
             b_began.set()
-            assert release.wait(timeout=20)  # alive until its capture ends, as C
+            assert release.wait(timeout=20)  # alive until it ends its capture, as C
+            with torch.cuda.stream(b_stream):
+                b_graph.capture_end()
 
         def slow_report(event: object) -> None:
             if not started:
@@ -610,9 +616,6 @@ def test_capture_begun_while_another_is_being_reported_is_concurrent(
         _guard.LISTENERS.append(slow_report)
         with torch.cuda.graph(torch.cuda.CUDAGraph()):  # global: concurrent with C, then B
             pass
-        for graph, stream in ((b_graph, b_stream), (c_graph, c_stream)):
-            with torch.cuda.stream(stream):
-                graph.capture_end()
         release.set()
         join_all(c, *started)
     assert [(e["rule"], e["api"], e["other_thread_id"]) for e in events] == [

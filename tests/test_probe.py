@@ -138,7 +138,7 @@ def test_the_report_lines_and_count() -> None:
         "empty_capture/relaxed": {"outcome": "ok", "capture": "not capturing"},
     }
     where = "CUDA (NVIDIA H200, torch 2.13.0+cu130, CUDA 13.0)"
-    pad = " " * (len("recapture_keep_graph_instantiated/thread_local") + 2)
+    pad = " " * (max(map(len, probe.keys())) + 2)  # the longest scenario name, and two
     assert [
         "observed on CUDA (NVIDIA H200, torch 2.13.0+cu130, CUDA 13.0)",
         "device_synchronize/global" + pad[len("device_synchronize/global") :] + "cuda: "
@@ -182,10 +182,11 @@ def test_a_table_that_disagrees_is_reported_and_fails(
     assert probe.main(["--table", str(table), "--only", "empty_capture"]) == 1
     lines = capsys.readouterr().out.splitlines()
     committed = probe.read_table(probe.TABLE)
+    width = max(map(len, probe.keys())) + 2  # the longest scenario name, and two
     assert [
         f"observed on {SIMULATED}",
         *[
-            f"{key:<48}simulation now: {probe.render(committed[key])}  |  simulated table: "
+            f"{key:<{width}}simulation now: {probe.render(committed[key])}  |  simulated table: "
             f"{probe.render(result)}  |  {verdict}"
             for key, result, verdict in [
                 ("empty_capture/global", committed["empty_capture/global"], "agree"),

@@ -85,11 +85,16 @@ class Scene:
     call is the one thing in the capture that can be unsafe.
     """
 
-    def __init__(self, mode: str, device: str) -> None:
+    def __init__(
+        self, mode: str, device: str, launched: Callable[[Any], None] | None = None
+    ) -> None:
         import torch
 
         self.torch: Any = torch
         self.mode = mode
+        # Told of each kernel work() launches, where the runtime cannot see it (the simulation
+        # sees no CPU tensor's work).
+        self.launched = launched
         self.x: Any = self.torch.zeros(4, device=device)
         self.side: Any = self.torch.cuda.Stream()
         self.other: Any = self.torch.cuda.Stream()
@@ -119,8 +124,11 @@ class Scene:
 
     def work(self, stream: Any = None) -> None:
         """Launch a kernel into ``stream`` (the side stream): a capture with work is not empty."""
-        with self.torch.cuda.stream(self.side if stream is None else stream):
+        stream = self.side if stream is None else stream
+        with self.torch.cuda.stream(stream):
             self.x.add_(1)
+        if self.launched is not None:
+            self.launched(stream)
 
     def in_capture(self, call: Callable[[], object]) -> Callable[[], object]:
         """``call`` made with the capturing stream current, as inside ``torch.cuda.graph``."""
@@ -209,6 +217,37 @@ def _event(s: Scene, recorded: str, method: str) -> None:
     s.act(s.in_capture(getattr(event, method)))
 
 
+def _captured_event_elsewhere(s: Scene, method: str, external: bool = False) -> None:
+    # An event recorded into the capture, then waited on by a thread that does not capture.
+    event = s.torch.cuda.Event(enable_timing=method == "elapsed_time", external=external)
+    start = s.torch.cuda.Event(enable_timing=True)
+    start.record(s.other)
+    s.torch.cuda.synchronize()
+    s.begin()
+    s.work()
+    s.in_capture(event.record)()
+    call = getattr(event, method)
+    if method == "elapsed_time":
+        call = functools.partial(start.elapsed_time, event)
+    s.act(s.on_thread(call))
+
+
+def _captured_event_after_the_capture(s: Scene) -> None:
+    # What an event recorded into a capture is once that capture has ended.
+    event = s.torch.cuda.Event()
+    s.begin()
+    s.work()
+    s.in_capture(event.record)()
+    s.in_capture(s.graph.capture_end)()
+    s.act(event.query)
+
+
+def _stream_query_other_thread(s: Scene) -> None:
+    s.begin()
+    s.work()
+    s.act(s.on_thread(s.side.query))
+
+
 def _begin_on_capturing_stream(s: Scene) -> None:
     second = s.torch.cuda.CUDAGraph()
     s.begin()
@@ -287,7 +326,7 @@ def _two_threads_capture(s: Scene) -> None:
     def capture_alongside() -> None:
         with s.torch.cuda.stream(s.other):
             second.capture_begin(capture_error_mode=s.mode)
-            s.x.add_(1)
+            s.work(s.other)
             second.capture_end()
 
     s.act(s.on_thread(capture_alongside))
@@ -328,10 +367,23 @@ SCENARIOS: dict[str, Callable[[Scene], None]] = {
     "empty_capture": _empty_capture,
     "two_threads_capture": _two_threads_capture,
     "device_synchronize_other_thread": _device_synchronize_other_thread,
+    "capturing_stream_query_other_thread": _stream_query_other_thread,
+    **{
+        f"event_{method}_recorded_inside_other_thread": functools.partial(
+            _captured_event_elsewhere, method=method
+        )
+        for method in ("synchronize", "query", "elapsed_time")
+    },
+    "event_query_recorded_inside_external_other_thread": functools.partial(
+        _captured_event_elsewhere, method="query", external=True
+    ),
+    "event_query_after_its_capture_ended": _captured_event_after_the_capture,
 }
 
 
-def run(scenario: str, mode: str, device: str) -> dict[str, str]:
+def run(
+    scenario: str, mode: str, device: str, launched: Callable[[Any], None] | None = None
+) -> dict[str, str]:
     """Run one scenario in this process: its outcome and its capture's fate.
 
     A failure before the probed call is the outcome too (``setup failed: ...``), so a scenario
@@ -342,7 +394,7 @@ def run(scenario: str, mode: str, device: str) -> dict[str, str]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            scene = Scene(mode, device)
+            scene = Scene(mode, device, launched)
         except Exception as exc:
             return {"outcome": f"setup failed: {error_key(exc)}", "capture": "none begun"}
         try:
@@ -362,8 +414,10 @@ def run_simulated(scenario: str, mode: str) -> dict[str, str]:
     """Run one scenario in this process on a fresh session of cgguard's simulated CUDA runtime."""
     from cgguard.testing import simulated_cuda
 
-    with simulated_cuda(force=True):
-        return run(scenario, mode, "cpu")
+    with simulated_cuda(force=True) as simulation:
+        # The scene tells the simulation of its kernels, so an empty capture warns as on a GPU.
+        simulation.warn_empty_captures = True
+        return run(scenario, mode, "cpu", simulation.launch)
 
 
 def _cgguard_modules() -> list[str]:

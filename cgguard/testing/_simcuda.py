@@ -24,6 +24,13 @@ _CAPTURED_EVENT = (
     "CUDA error: operation not permitted on an event last recorded in a capturing stream"
 )
 _INVALIDATED = "CUDA error: operation failed due to a previous error during capture"
+# cudaErrorStreamCaptureWrongThread, in the words of its documentation (CUDA runtime API,
+# cudaStreamEndCapture: a capture not begun in relaxed mode must end on the thread that began
+# it); the runtime's own string is what the fidelity probe compares on a GPU.
+_WRONG_THREAD = (
+    "CUDA error: a stream capture sequence not initiated with the cudaStreamCaptureModeRelaxed "
+    "argument to cudaStreamBeginCapture was passed to cudaStreamEndCapture in a different thread"
+)
 # aten/src/ATen/cuda/CUDAGraph.cpp, CUDAGraph::capture_end: TORCH_WARN when the graph has no node.
 _EMPTY = (
     "The CUDA Graph is empty. This usually means that the graph was attempted to be captured "
@@ -127,6 +134,12 @@ class SimulatedCuda:
         self._calls: list[Call] = []
         self._captures: dict[int, ActiveCapture] = {}
         self._nodes: dict[int, int] = {}  # work captured so far, by graph id
+        # Each capture under way numbered, by graph id: an event or a joined stream belongs to
+        # one capture, not to a graph that may capture again.
+        self._serials: dict[int, int] = {}
+        # Streams that joined a capture by waiting on an event recorded into it (a fork), as
+        # CUDA's cross-stream capture does: stream id -> (graph id, capture number).
+        self._joined: dict[int, tuple[int, int]] = {}
         self._counters: dict[str, itertools.count[int]] = {}
         self._local = threading.local()
         self.warn_empty_captures = False
@@ -211,11 +224,18 @@ class SimulatedCuda:
         # even relaxed capture prohibits "cudaEventQuery on an event that was last recorded
         # inside a stream capture"). Whether it also invalidates a relaxed capture is not
         # documented: here it does not (docs/cuda-behaviour.md).
-        if event._simcuda_captured_in in self._captures:
+        if self._live_capture_locked(event._simcuda_captured_in) is not None:
             raise _cuda_error(_CAPTURED_EVENT)
 
+    def _live_capture_locked(self, which: tuple[int, int] | None) -> ActiveCapture | None:
+        """The capture numbered ``which`` (graph id, capture number), if still under way."""
+        if which is None or self._serials.get(which[0]) != which[1]:
+            return None
+        return self._captures.get(which[0])
+
     def _capture_on_locked(self, stream_id: int) -> ActiveCapture | None:
-        return next((c for c in self._captures.values() if c.stream_id == stream_id), None)
+        began_on = next((c for c in self._captures.values() if c.stream_id == stream_id), None)
+        return began_on or self._live_capture_locked(self._joined.get(stream_id))
 
     def _synchronize(self) -> None:
         with self._lock:
@@ -254,11 +274,23 @@ class SimulatedCuda:
             self._note_locked("event_record", event._simcuda_id, stream_id)
             capture = self._add_node_locked(stream_id)
             event._simcuda_recorded_on = stream_id
-            event._simcuda_captured_in = None if capture is None else capture.graph_id
+            event._simcuda_captured_in = (
+                None if capture is None else (capture.graph_id, self._serials[capture.graph_id])
+            )
 
     def _event_wait(self, event: _EventBackend, stream_id: int) -> None:
         with self._lock:
             self._note_locked("event_wait", event._simcuda_id, stream_id)
+            # A stream that waits on an event recorded into a capture joins that capture (CUDA
+            # programming guide, "Cross-stream Dependencies and Events"): torch.cuda.graph's
+            # side streams fork this way, through Stream.wait_stream.
+            which = event._simcuda_captured_in
+            if (
+                which is not None
+                and self._capture_on_locked(stream_id) is None
+                and self._live_capture_locked(which) is not None
+            ):
+                self._joined[stream_id] = which
             self._add_node_locked(stream_id)
 
     def _stream_query(self, stream_id: int) -> bool:
@@ -312,6 +344,7 @@ class SimulatedCuda:
                 graph._simcuda_id, stream_id, str(mode), threading.get_ident(), False
             )
             self._nodes[graph._simcuda_id] = 0
+            self._serials[graph._simcuda_id] = self._next_id_locked("capture")
 
     def _capture_end(self, graph: _GraphBackend) -> None:
         graph_id = graph._simcuda_id
@@ -323,8 +356,16 @@ class SimulatedCuda:
             if capture.stream_id != self._current_stream_id():
                 self._note_locked("capture_end", graph_id, False)
                 raise _error("Capture must end on the same stream it began on.")
+            if capture.mode != "relaxed" and capture.thread != threading.get_ident():
+                self._note_locked("capture_end", graph_id, False)
+                raise _cuda_error(_WRONG_THREAD)  # and the capture goes on
             del self._captures[graph_id]
             nodes = self._nodes.pop(graph_id, 0)
+            serial = self._serials.pop(graph_id, None)
+            # The forked streams leave with it. A fork never joined back makes CUDA fail
+            # cudaStreamEndCapture (cudaErrorStreamCaptureUnjoined); that is not simulated.
+            for stream_id in [k for k, v in self._joined.items() if v == (graph_id, serial)]:
+                del self._joined[stream_id]
             self._note_locked("capture_end", graph_id, not capture.invalidated)
             if capture.invalidated:
                 raise _cuda_error(_INVALIDATED)
@@ -470,7 +511,8 @@ class _EventBackend:
     _simcuda_id: int
     _simcuda_timing: bool
     _simcuda_recorded_on: int | None  # the stream of its last record; None: never recorded
-    _simcuda_captured_in: int | None  # the graph whose capture took that record, if any
+    # The capture that took that record, if any: (graph id, capture number).
+    _simcuda_captured_in: tuple[int, int] | None
 
     @property
     def cuda_event(self) -> int:
@@ -498,6 +540,9 @@ class _EventBackend:
             raise _error("Both events must be created with argument 'enable_timing=True'.")
         if self._simcuda_recorded_on is None or end_event._simcuda_recorded_on is None:
             raise _error("Both events must be recorded before calculating elapsed time.")
+        # CUDAEvent::elapsed_time queries both events before it measures.
+        for event in (self, end_event):
+            _live(self._simcuda)._event_query(event)
         return 0.0
 
     def __repr__(self) -> str:
