@@ -214,6 +214,9 @@ class Guard:
 
     def graph_enter(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         """torch.cuda.graph.__enter__ (a wrapt wrapper)."""
+        # In every frame cgguard puts between the user's call and a raise: pytest leaves the
+        # frame out of a failure's traceback, which then ends at the user's line.
+        __tracebackhide__ = True
         # Checked before torch's __enter__ runs: it synchronizes, empties the cache and switches
         # the current stream before capture_begin, and a refusal raised after that would leave
         # the thread on the capture stream for good, since __exit__ never runs.
@@ -232,6 +235,7 @@ class Guard:
 
     def capture_begin(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         """CUDAGraph.capture_begin (a wrapt wrapper)."""
+        __tracebackhide__ = True
         graph = id(instance)
         entry = self.entering.pop((get_ident(), graph), None)
         if entry is None:
@@ -261,6 +265,7 @@ class Guard:
 
         @functools.wraps(original)
         def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True
             try:
                 result = original(self, *args, **kwargs)
             except BaseException as exc:
@@ -276,6 +281,7 @@ class Guard:
         """A wrapt wrapper for a synchronize method: checked while this thread may capture."""
 
         def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+            __tracebackhide__ = True
             if self.active:  # nothing capturing, nothing to check
                 self.check_sync(api)
             return wrapped(*args, **kwargs)
@@ -293,6 +299,7 @@ class Guard:
 
         @functools.wraps(original)
         def synchronize(*args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True
             if active:  # nothing capturing, nothing to check
                 self.check_sync(API_SYNCHRONIZE)
             return original(*args, **kwargs)
@@ -306,12 +313,14 @@ class Guard:
 
         The caller adds the record to ``active`` once the capture has begun.
         """
+        __tracebackhide__ = True
         return self._check(api, key, mode, stack)[0]
 
     def _check(
         self, api: str, key: int, mode: str, stack: Snapshot | LiveStack
     ) -> tuple[Record, tuple[int, ...]]:
         """check_begin(), with the keys of the active captures the attempt was checked against."""
+        __tracebackhide__ = True
         record = (key, this_thread(), api, mode, stack)
         # The common case costs three reads: nothing capturing, capture enabled, no followed flag.
         if not self.active and self.flag.enabled and not self.follows:
@@ -362,6 +371,7 @@ class Guard:
 
     def check_sync(self, api: str) -> None:
         """Check a synchronize made by the caller's caller; report, maybe raise, before CUDA."""
+        __tracebackhide__ = True
         if self.retired:
             return
         self.drop_abandoned()
