@@ -19,6 +19,7 @@ from threading import current_thread, get_ident
 from typing import TYPE_CHECKING, Any
 
 from cgguard import _events
+from cgguard._errors import CaptureViolation
 from cgguard._frames import innermost_visible, resolve, snapshot, with_stack
 from cgguard._ledger import Ledger, worth_logging
 from cgguard._patchset import PatchSet
@@ -30,11 +31,24 @@ if TYPE_CHECKING:
     from types import ModuleType
 
     from cgguard._config import Action, Config
-    from cgguard._errors import CaptureViolation
     from cgguard._events import ViolationEvent
     from cgguard._frames import LiveStack, Snapshot
     from cgguard._log import EventLog
     from cgguard._report import ReportFile
+
+
+def _hidden_by_pytest(excinfo: Any) -> bool:
+    """Whether pytest leaves this module's frames out of a traceback: a violation's.
+
+    They lie between the user's call and the raise, so the traceback ends at the user's line
+    that broke the rule. Any other error keeps them, so that cgguard's own stays traceable.
+    """
+    return excinfo is not None and isinstance(excinfo.value, CaptureViolation)
+
+
+# pytest reads __tracebackhide__ from a frame's locals, then from its module's globals: set once
+# here, it costs the capture path nothing, where a local in each hook would cost every capture.
+__tracebackhide__ = _hidden_by_pytest
 
 API_GRAPH = "torch.cuda.graph"
 API_CAPTURE_BEGIN = "CUDAGraph.capture_begin"
@@ -214,9 +228,6 @@ class Guard:
 
     def graph_enter(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         """torch.cuda.graph.__enter__ (a wrapt wrapper)."""
-        # In every frame cgguard puts between the user's call and a raise: pytest leaves the
-        # frame out of a failure's traceback, which then ends at the user's line.
-        __tracebackhide__ = True
         # Checked before torch's __enter__ runs: it synchronizes, empties the cache and switches
         # the current stream before capture_begin, and a refusal raised after that would leave
         # the thread on the capture stream for good, since __exit__ never runs.
@@ -235,7 +246,6 @@ class Guard:
 
     def capture_begin(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         """CUDAGraph.capture_begin (a wrapt wrapper)."""
-        __tracebackhide__ = True
         graph = id(instance)
         entry = self.entering.pop((get_ident(), graph), None)
         if entry is None:
@@ -265,7 +275,6 @@ class Guard:
 
         @functools.wraps(original)
         def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
-            __tracebackhide__ = True
             try:
                 result = original(self, *args, **kwargs)
             except BaseException as exc:
@@ -281,7 +290,6 @@ class Guard:
         """A wrapt wrapper for a synchronize method: checked while this thread may capture."""
 
         def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-            __tracebackhide__ = True
             if self.active:  # nothing capturing, nothing to check
                 self.check_sync(api)
             return wrapped(*args, **kwargs)
@@ -299,7 +307,6 @@ class Guard:
 
         @functools.wraps(original)
         def synchronize(*args: Any, **kwargs: Any) -> Any:
-            __tracebackhide__ = True
             if active:  # nothing capturing, nothing to check
                 self.check_sync(API_SYNCHRONIZE)
             return original(*args, **kwargs)
@@ -313,14 +320,12 @@ class Guard:
 
         The caller adds the record to ``active`` once the capture has begun.
         """
-        __tracebackhide__ = True
         return self._check(api, key, mode, stack)[0]
 
     def _check(
         self, api: str, key: int, mode: str, stack: Snapshot | LiveStack
     ) -> tuple[Record, tuple[int, ...]]:
         """check_begin(), with the keys of the active captures the attempt was checked against."""
-        __tracebackhide__ = True
         record = (key, this_thread(), api, mode, stack)
         # The common case costs three reads: nothing capturing, capture enabled, no followed flag.
         if not self.active and self.flag.enabled and not self.follows:
@@ -371,7 +376,6 @@ class Guard:
 
     def check_sync(self, api: str) -> None:
         """Check a synchronize made by the caller's caller; report, maybe raise, before CUDA."""
-        __tracebackhide__ = True
         if self.retired:
             return
         self.drop_abandoned()
