@@ -814,13 +814,6 @@ ERRORS = [
         id="invalid --log-target",
     ),
     pytest.param(
-        ("run", "--vllm-bridge=0", "cgg_marker.py"),
-        USAGE.encode()
-        + b"cgguard run: error: argument --vllm-bridge/--no-vllm-bridge: ignored explicit "
-        b"argument '0'\n",
-        id="a switch given a value",
-    ),
-    pytest.param(
         ("run", "--rule", "bogus=x", "cgg_marker.py"),
         USAGE.encode() + RULE_ERROR.format("bogus=x").encode(),
         id="unknown rule",
