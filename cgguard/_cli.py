@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from cgguard._runner import Parser, run
+from cgguard._version import __version__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
         usage="cgguard {run,info} ...",
     )
     parser.add_argument("command", choices=("run", "info"), help="run a program, or report")
+    parser.add_argument("--version", action="version", version=f"cgguard {__version__}")
     if not args or args[0] not in ("run", "info"):
         parser.parse_args(args[:1])  # prints usage and exits 2 on anything else
         return 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import linecache
 import opcode
@@ -11,6 +12,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, TypedDict, cast
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
     from types import CodeType
 
 # A snapshot is a flat tuple (code, lasti, code, lasti, ...), innermost frame first. It keeps
@@ -133,38 +135,104 @@ def _line_of(code: CodeType, lasti: int) -> int:
     return code.co_firstlineno
 
 
+# The packages whose frames say nothing to the user, besides cgguard's own: their folders are
+# known once they are imported.
+_HIDDEN_PACKAGES = ("torch", "wrapt")
+
+
 def _hidden_prefixes() -> tuple[str, ...]:
-    """Folders whose frames say nothing to the user: cgguard's own, torch's and wrapt's."""
-    prefixes = [os.path.dirname(__file__)]
-    for name in ("torch", "wrapt"):
+    """What frames say nothing to the user: cgguard's, torch's, wrapt's and contextlib's.
+
+    contextlib's, because a capture entered by ``ExitStack.enter_context`` or a
+    ``@contextmanager`` was begun at the user's line that called it, not in contextlib.
+    Folders end with a separator; contextlib is one file.
+    """
+    prefixes = [os.path.join(os.path.dirname(__file__), "")]
+    for name in _HIDDEN_PACKAGES:
         module = sys.modules.get(name)
         path = getattr(module, "__file__", None)
         if path:
-            prefixes.append(os.path.dirname(path))
-    return tuple(os.path.join(p, "") for p in prefixes)
+            prefixes.append(os.path.join(os.path.dirname(path), ""))
+    prefixes.append(contextlib.__file__)
+    return tuple(prefixes)
+
+
+# A test runner's frames, cut from every rendered stack while set, with the frames outside them:
+# (the runner's folders, the folders of its part that calls tests and fixtures). The pytest
+# plugin sets pytest's and pluggy's, so that a stack starts at the test function or fixture
+# pytest called. Empty: stacks are kept whole.
+_runner: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+
+
+@contextlib.contextmanager
+def started_by(runner: Iterable[str], dispatcher: Iterable[str]) -> Iterator[None]:
+    """Within: rendered stacks start below the runner that called the program's function.
+
+    ``runner`` are the runner's folders, ``dispatcher`` those of its part that calls the
+    program (for pytest: pluggy, which calls the hook that calls the test). A stack is cut at
+    the innermost run of runner frames that holds a dispatcher frame: a runner's helper the
+    program calls itself (``pytest.raises(Error, function)``) is kept, as any library is.
+    The previous setting returns on exit, so that it nests.
+    """
+    global _runner
+    saved = _runner
+    _runner = (_folders(runner), _folders(dispatcher))
+    try:
+        yield
+    finally:
+        _runner = saved
+
+
+def _folders(paths: Iterable[str]) -> tuple[str, ...]:
+    return tuple(os.path.join(path, "") for path in paths)
 
 
 def render(stack: Snapshot) -> list[FrameInfo]:
     """The user's frames of ``stack``, outermost first, each with its source line."""
     hidden = _hidden_prefixes()
+    # Innermost first: (code, lasti) of each frame kept, or (None, the count left out).
+    pairs: list[tuple[CodeType | None, int]] = []
+    for i in range(0, len(stack), 2):
+        item = stack[i]
+        if isinstance(item, int):
+            pairs.append((None, item))
+        elif not item.co_filename.startswith(hidden):
+            pairs.append((item, cast("int", stack[i + 1])))
     frames: list[FrameInfo] = []
-    for i in range(len(stack) - 2, -1, -2):
-        if isinstance(stack[i], int):
-            left = stack[i]
+    for code, lasti in reversed(_below_runner(pairs)):
+        if code is None:
             frames.append(
-                {"file": OMITTED, "line": 0, "function": f"{left} outer frames", "code": None}
+                {"file": OMITTED, "line": 0, "function": f"{lasti} outer frames", "code": None}
             )
             continue
-        code, lasti = cast("CodeType", stack[i]), cast("int", stack[i + 1])
         filename = code.co_filename
-        if filename.startswith(hidden):
-            continue
         line = _line_of(code, lasti)
         text = linecache.getline(filename, line).strip()
         frames.append(
             {"file": filename, "line": line, "function": code.co_name, "code": text or None}
         )
     return frames
+
+
+def _below_runner(
+    pairs: list[tuple[CodeType | None, int]],
+) -> list[tuple[CodeType | None, int]]:
+    """``pairs`` (innermost first) up to the runner that called them, where one is set."""
+    runner, dispatcher = _runner
+    if not runner:
+        return pairs
+    start = None  # where the run of runner frames being walked began
+    for i, (code, _) in enumerate(pairs):
+        filename = code.co_filename if code is not None else ""
+        if not filename.startswith(runner):
+            start = None
+            continue
+        if start is None:
+            start = i
+        # Not at the innermost frame: a stack all runner's (pytest's own) is kept whole.
+        if filename.startswith(dispatcher) and start > 0:
+            return pairs[:start]
+    return pairs
 
 
 def where(frames: list[FrameInfo]) -> str:
@@ -197,7 +265,7 @@ _prefixes: tuple[str, ...] = ()
 def innermost_visible(stack: Snapshot) -> tuple[CodeType | None, int]:
     """(code, lasti) of the innermost frame that render() would keep; cheap enough for storms."""
     global _prefixes
-    if len(_prefixes) < 3:  # until torch and wrapt are both imported, look again
+    if len(_prefixes) < 2 + len(_HIDDEN_PACKAGES):  # until all are imported, look again
         _prefixes = _hidden_prefixes()
     for i in range(0, len(stack), 2):
         if isinstance(stack[i], int):

@@ -19,6 +19,7 @@ from threading import current_thread, get_ident
 from typing import TYPE_CHECKING, Any
 
 from cgguard import _events
+from cgguard._errors import CaptureViolation
 from cgguard._frames import innermost_visible, resolve, snapshot, with_stack
 from cgguard._ledger import Ledger, worth_logging
 from cgguard._patchset import PatchSet
@@ -30,11 +31,24 @@ if TYPE_CHECKING:
     from types import ModuleType
 
     from cgguard._config import Action, Config
-    from cgguard._errors import CaptureViolation
     from cgguard._events import ViolationEvent
     from cgguard._frames import LiveStack, Snapshot
     from cgguard._log import EventLog
     from cgguard._report import ReportFile
+
+
+def _hidden_by_pytest(excinfo: Any) -> bool:
+    """Whether pytest leaves this module's frames out of a traceback: a violation's.
+
+    They lie between the user's call and the raise, so the traceback ends at the user's line
+    that broke the rule. Any other error keeps them, so that cgguard's own stays traceable.
+    """
+    return excinfo is not None and isinstance(excinfo.value, CaptureViolation)
+
+
+# pytest reads __tracebackhide__ from a frame's locals, then from its module's globals: set once
+# here, it costs the capture path nothing, where a local in each hook would cost every capture.
+__tracebackhide__ = _hidden_by_pytest
 
 API_GRAPH = "torch.cuda.graph"
 API_CAPTURE_BEGIN = "CUDAGraph.capture_begin"

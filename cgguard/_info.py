@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from cgguard import _settings
 from cgguard._config import Config
-from cgguard._rules import NAMES
+from cgguard._rules import NAMES, RULES
 from cgguard._runner import BOOT_DIR, program_environ, run_parser
 from cgguard._version import __version__, distribution_version
 
@@ -46,12 +46,32 @@ def _configuration(environ: Mapping[str, str]) -> list[str]:
         shown = value
         if value is None:
             shown = config.target() if field == "log_target" else setting.unset
-        lines.append(f"  {field:<14} {shown!s:<12} ({sources.get(field, 'default')})")
+        lines.append(f"  {field:<14} {shown!s:<12} ({_source(field, sources)})")
     for rule in NAMES:
-        source = sources.get(f"rules.{rule}", "default")
-        lines.append(f"  {'rule':<14} {rule}: {config.action(rule)} ({source})")
+        lines.append(f"  {'rule':<14} {rule}: {config.action(rule)} ({_source(rule, sources)})")
     lines += [f"  warning: {line}" for line in problems]
     return lines
+
+
+def _source(name: str, sources: Mapping[str, str]) -> str:
+    """Where a setting's or a rule's value comes from: its variable, the one it follows, default.
+
+    A value that follows another setting names that one's variable when it was set: a rule
+    without a variable of its own takes the mode, and the log target the log file.
+    """
+    key = f"rules.{name}" if name in RULES else name
+    if key in sources:
+        return sources[key]
+    followed = _FOLLOWS.get(name, "")
+    if name in RULES and not RULES[name].diagnostic:
+        followed = "mode"
+    if followed in sources:
+        return f"from {sources[followed]}"
+    return "default"
+
+
+# Settings whose value, unset, follows another setting's (cgguard._config.Config.target).
+_FOLLOWS = {"log_target": "log_file"}
 
 
 def _child_check(environ: Mapping[str, str]) -> str:

@@ -8,16 +8,19 @@ exactly as ``python script.py`` would, activated by the bootstrap sitecustomize.
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
 import os
 import shutil
 import sys
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from cgguard._rules import ACTIONS, NAMES
 from cgguard._settings import BOOL, ENABLED, PATH, RULE_PREFIX, SETTINGS, accepted, is_path, shown
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
+
+    from cgguard._settings import Setting
 
 # The folder put on PYTHONPATH: its sitecustomize activates cgguard in every process started.
 BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sitecustomize")
@@ -52,26 +55,23 @@ def run_parser() -> argparse.ArgumentParser:
     )
     for setting in SETTINGS.values():
         if setting.choices is BOOL:
-            turn = "off" if setting.default else "on"
+            # Both ways, whatever the default: an option overrides the variable in the
+            # environment, which may say either.
+            default = "on" if setting.default else "off"
             parser.add_argument(
                 setting.option,
                 dest=setting.field,
-                action="store_true",
-                help=f"turns {setting.variable} {turn}",
-            )
-        elif setting.choices is PATH:
-            parser.add_argument(
-                setting.option,
-                dest=setting.field,
-                type=_path,
-                metavar="PATH",
-                help=f"sets {setting.variable}",
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=f"turns {setting.variable} on or off ({default} by default)",
             )
         else:
+            metavar = "PATH" if setting.choices is PATH else "{" + ",".join(setting.choices) + "}"
             parser.add_argument(
                 setting.option,
                 dest=setting.field,
-                choices=setting.choices,
+                type=_value_of(setting),
+                metavar=metavar,
                 help=f"sets {setting.variable}",
             )
     parser.add_argument(
@@ -86,11 +86,20 @@ def run_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _path(text: str) -> str:
-    # Blank is refused as well as empty: the program would read a blank variable as unset.
-    if not is_path(text):
-        raise argparse.ArgumentTypeError(f"{shown(text)}: accepted values are {accepted(PATH)}")
-    return text
+def _value_of(setting: Setting) -> Callable[[str], str]:
+    """The option's value as the variable's parser reads it: in any case; a path not blank."""
+
+    def value(text: str) -> str:
+        # The variable's own parser, so that the option accepts what the variable accepts.
+        # A blank path is refused as well as an empty one: the program would read it as unset.
+        parsed = setting.parse(text)
+        if not isinstance(parsed, str):
+            raise argparse.ArgumentTypeError(
+                f"{shown(text)}: accepted values are {accepted(setting.choices)}"
+            )
+        return parsed
+
+    return value
 
 
 def _unmet(options: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
@@ -110,7 +119,8 @@ def _unmet(options: argparse.Namespace, environ: Mapping[str, str]) -> str | Non
 
 
 def _rule_setting(text: str) -> tuple[str, str]:
-    rule, _, action = text.partition("=")
+    # In any case, as the rule variables' values are read.
+    rule, _, action = (part.strip().lower() for part in text.partition("="))
     if rule not in NAMES or action not in ACTIONS:
         raise argparse.ArgumentTypeError(
             f"{text!r}: accepted values are RULE=ACTION with RULE one of "
@@ -148,24 +158,111 @@ def interpreter_flags() -> list[str]:
     return flags[:-1] if flags and flags[-1] == "-m" else flags
 
 
-def _program(command: list[str]) -> tuple[str, list[str]] | str:
-    """(executable, argv) for the program, or a one-line error naming what was not found."""
+class Refusal(NamedTuple):
+    """Why the program cannot start, and the exit status that says so."""
+
+    message: str
+    status: int = 2  # a shell's is 126 for a file it finds but cannot execute
+
+
+def _program(command: list[str]) -> tuple[str, list[str]] | Refusal:
+    """(executable, argv) for the program, or why it cannot start."""
     python = [sys.executable, *interpreter_flags()]
     if command[0].startswith("-m"):
-        module = command[0][2:] or (command[1] if len(command) > 1 else "")
-        rest = command[1:] if command[0][2:] else command[2:]
-        if not module:
-            return "-m needs a module name"
-        return sys.executable, [*python, "-m", module, *rest]
+        return _module(command, python)
     target, rest = command[0], command[1:]
-    if target == "-" or os.path.exists(target):
-        # As python would: an existing path (a script, or a folder or zip with __main__.py)
-        # runs with this interpreter, whatever a shebang says; "-" reads the program from stdin.
+    # "-" reads the program from stdin, as python does.
+    how = "python" if target == "-" else _local(target)
+    if how == "python":
         return sys.executable, [*python, target, *rest]
+    if how == "exec":
+        return target, [target, *rest]
+    if isinstance(how, Refusal):
+        return how
     found = shutil.which(target)
     if found is None:
-        return f"cannot run {target!r}: no such file, and no command of that name on PATH"
+        what = "a folder without __main__.py" if os.path.isdir(target) else "no such file"
+        return Refusal(f"cannot run {target!r}: {what}, and no command of that name on PATH")
     return found, [target, *rest]
+
+
+def _module(command: list[str], python: list[str]) -> tuple[str, list[str]] | Refusal:
+    """``-m module args`` (or ``-mmodule``): python runs it, or says it finds no such module."""
+    module = command[0][2:] or (command[1] if len(command) > 1 else "")
+    rest = command[1:] if command[0][2:] else command[2:]
+    if not module:
+        return Refusal("-m needs a module name")
+    return sys.executable, [*python, "-m", module, *rest]
+
+
+def _local(target: str) -> str | Refusal | None:
+    """How an existing path runs: "python", "exec", or why not; None when it does not here.
+
+    As python would, a Python file, a folder with __main__.py, or a zip runs with this
+    interpreter. As a shell would, a file whose #! line names another interpreter, or a native
+    executable, runs as itself. A folder python cannot run does not hide a command on PATH.
+    """
+    if os.path.isdir(target):
+        return "python" if _has_main(target) else None
+    if not os.path.exists(target):
+        return None
+    # Only a regular file is read ahead: a pipe (/dev/fd/N, /dev/stdin) would lose what python
+    # must read from it. Whatever cannot be read, python reports, as it would without cgguard.
+    foreign = _foreign(target) if os.path.isfile(target) else None
+    if foreign is None:
+        return "python"
+    if not os.access(target, os.X_OK):
+        # A shell refuses it too (status 126); python would take it for Python and fail with
+        # a SyntaxError that hides the real mistake.
+        message = f"cannot run {target!r}: not executable (chmod +x it), and not Python: {foreign}"
+        return Refusal(message, 126)
+    return "exec"
+
+
+# A file's first bytes: enough for any #! line the kernel reads (256 bytes on Linux since 5.1,
+# BINPRM_BUF_SIZE), and for the mark of a native executable.
+_HEAD = 256
+_NATIVE = b"\x7fELF"
+
+
+def _foreign(path: str) -> str | None:
+    """What makes ``path`` a program of its own rather than Python (for messages), or None."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(_HEAD)
+    except OSError:
+        return None
+    if head.startswith(_NATIVE):
+        return "a native executable"
+    if not head.startswith(b"#!"):
+        return None
+    line = head[2:].split(b"\n", 1)[0].strip()
+    if not line or _names_python(line):
+        return None
+    return f"its #! line is {'#!' + line.decode(errors='replace')!r}"
+
+
+def _names_python(line: bytes) -> bool:
+    """Whether a #! line (without ``#!``) starts python: /usr/bin/python3.11 -u, env python3."""
+    words = line.split()
+    name = os.path.basename(words[0])
+    if name == b"env":
+        # env's options (-S, -i, -u NAME, -C DIR) and NAME=value come before the command.
+        rest = iter(words[1:])
+        name = b""
+        for word in rest:
+            if word in (b"-u", b"-C"):
+                next(rest, None)
+            elif not word.startswith(b"-") and b"=" not in word:
+                name = os.path.basename(word)
+                break
+    return name.startswith(b"python")
+
+
+def _has_main(folder: str) -> bool:
+    """Whether python can run ``folder``: it holds a __main__ module (source, compiled, native)."""
+    suffixes = importlib.machinery.all_suffixes()
+    return any(os.path.isfile(os.path.join(folder, "__main__" + s)) for s in suffixes)
 
 
 def program_environ(options: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, str]:
@@ -175,8 +272,8 @@ def program_environ(options: argparse.Namespace, environ: Mapping[str, str]) -> 
     for setting in SETTINGS.values():
         value = getattr(options, setting.field)
         if setting.choices is BOOL:
-            if value:  # a switch away from the default
-                env[setting.variable] = "0" if setting.default else "1"
+            if value is not None:
+                env[setting.variable] = "1" if value else "0"
         elif value is not None:
             env[setting.variable] = value
     for rule, action in options.rule:
@@ -201,9 +298,9 @@ def run(argv: Sequence[str]) -> int:
     if not command:
         parser.error("no program to run")
     program = _program(command)
-    if isinstance(program, str):
-        sys.stderr.write(f"cgguard run: {program}\n")
-        return 2
+    if isinstance(program, Refusal):
+        sys.stderr.write(f"cgguard run: {program.message}\n")
+        return program.status
     executable, program_argv = program
     env = program_environ(options, os.environ)
     sys.stdout.flush()

@@ -46,9 +46,8 @@ class Setting:
 
     @property
     def option(self) -> str:
-        """The runner's option: ``--log-file``; a boolean is a switch away from its default."""
-        name = self.field.replace("_", "-")
-        return f"--no-{name}" if self.choices is BOOL and self.default else f"--{name}"
+        """The runner's option: ``--log-file``; a boolean's has a ``--no-`` form as well."""
+        return "--" + self.field.replace("_", "-")
 
     def parse(self, raw: str) -> object:
         """The value of ``raw`` (case-insensitive); None when it is not accepted."""

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from pluggy import Result
 
     from cgguard._events import ViolationEvent
-    from cgguard._frames import FrameInfo
     from cgguard.testing import SimulatedCuda
 
 Event = dict[str, object]
@@ -83,6 +82,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(plugin, _PLUGIN_NAME)
     cleanup.callback(config.pluginmanager.unregister, plugin)
     cleanup.enter_context(plugin.listening())
+    cleanup.enter_context(_stacks_start_at_the_test())
 
 
 @pytest.fixture
@@ -243,26 +243,30 @@ def _describe_unexpected(events: list[Event], when: str) -> list[str]:
 
 
 def _stacks(event: Event) -> str:
-    """The event's stacks as the console log shows them, cut at the test as pytest cuts them."""
+    """The event's stacks as the console log shows them."""
     from cgguard._log import format_stacks
 
-    trimmed = {
-        key: _below_pytest(value) if key.endswith("stack") and isinstance(value, list) else value
-        for key, value in event.items()
-    }
-    return format_stacks(trimmed)
+    return format_stacks(event)
 
 
-def _below_pytest(frames: list[FrameInfo]) -> list[FrameInfo]:
-    """The frames after pytest's and pluggy's own: the test, its fixtures and the code they call."""
+def _stacks_start_at_the_test() -> contextlib.AbstractContextManager[None]:
+    """Every event's stacks start at the test function or fixture pytest called.
+
+    In the events themselves, not only in this plugin's report: the log, the JSON report and
+    the cgguard_violations fixture then show the test's frames without pytest's and pluggy's
+    thirty or so above them.
+    """
     import _pytest
     import pluggy
 
-    runner = tuple(
-        os.path.join(os.path.dirname(str(module.__file__)), "") for module in (_pytest, pluggy)
+    from cgguard._frames import started_by
+
+    def folder(module: object) -> str:
+        return os.path.dirname(str(getattr(module, "__file__", "")))
+
+    return started_by(
+        runner=(folder(_pytest), folder(pytest), folder(pluggy)), dispatcher=(folder(pluggy),)
     )
-    outer = [i for i, frame in enumerate(frames) if frame["file"].startswith(runner)]
-    return frames[outer[-1] + 1 :] if outer else frames
 
 
 def _expected_rules(item: pytest.Item) -> frozenset[str]:

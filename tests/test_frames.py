@@ -7,6 +7,7 @@ Snapshots are taken in a sample module written for each test, on a thread starte
 from __future__ import annotations
 
 import _thread
+import contextlib
 import functools
 import gc
 import importlib.util
@@ -15,17 +16,21 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from helpers import SourceFile
 
+import cgguard
 from cgguard import _frames
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
     from pathlib import Path
     from types import ModuleType
 
     from cgguard._frames import FrameInfo, Snapshot
+    from tests.conftest import Runtime
 
 SAMPLE = """\
+import contextlib
 import sys
 import weakref
 
@@ -109,6 +114,16 @@ def generator_with():
 
 def first_of_generator():
     return next(generator_with())
+
+
+def through_exit_stack():
+    with contextlib.ExitStack() as stack:
+        return stack.enter_context(Entering()).kept
+
+
+def through_context(manager):
+    with manager() as kept:
+        return kept
 """
 SAMPLE_LINES = SAMPLE.splitlines()
 
@@ -349,4 +364,110 @@ def test_with_stack_walks_a_generator_at_once(sample: Sample) -> None:
         sample.main_frame(),
         sample.frame("return next(generator_with())", "first_of_generator"),
         sample.frame("with Entering() as entered:", "generator_with"),
+    ]
+
+
+def test_render_ends_an_exit_stack_entry_at_the_user_s_line(sample: Sample) -> None:
+    """A context entered by ExitStack.enter_context is shown at that call: contextlib is hidden."""
+    kept = sample.run_bare(sample.module.through_exit_stack)
+    assert _frames.render(_frames.resolve(kept)) == [
+        sample.main_frame(),
+        sample.frame("return stack.enter_context(Entering()).kept", "through_exit_stack"),
+    ]
+
+
+HIDDEN_MANAGER = """\
+import contextlib
+
+import cgguard._frames as frames
+
+
+@contextlib.contextmanager
+def manager():
+    yield frames.snapshot(0)
+"""
+
+
+def test_render_ends_a_hidden_context_manager_at_the_user_s_with(sample: Sample) -> None:
+    """A @contextmanager of a hidden package is shown at the user's ``with``, not in contextlib."""
+    filename = os.path.join(_package_dir("torch"), "fake.py")
+    manager = compiled_in(filename, HIDDEN_MANAGER, "manager")
+    stack: Snapshot = sample.run_bare(functools.partial(sample.module.through_context, manager))
+    assert _frames.render(stack) == [
+        sample.main_frame(),
+        sample.frame("with manager() as kept:", "through_context"),
+    ]
+
+
+CALLER = "def call(function):\n    return function()\n"
+
+
+def test_started_by_cuts_the_runner_that_called_the_program(sample: Sample, tmp_path: Path) -> None:
+    """Within started_by(), a stack starts below the runner's frames that dispatched to it."""
+    runner, dispatcher = tmp_path / "runner", tmp_path / "dispatcher"
+    dispatch = compiled_in(str(dispatcher / "hooks.py"), CALLER, "call")
+    run_test = compiled_in(str(runner / "python.py"), CALLER, "call")
+    helper = compiled_in(str(runner / "raises.py"), HIDDEN_CALLER, "hidden")
+    # main -> the dispatcher -> the runner -> the test (through) -> a runner helper -> inner
+    test = functools.partial(sample.module.through, helper)
+    stack: Snapshot = sample.run_bare(
+        functools.partial(dispatch, functools.partial(run_test, test))
+    )
+    below = [
+        sample.frame("return hidden(inner)", "through"),
+        # A runner's helper the test calls itself, not by way of the dispatcher, stays.
+        {"file": str(runner / "raises.py"), "line": 2, "function": "hidden", "code": None},
+        sample.frame("return frames.snapshot(0)", "inner"),
+    ]
+    whole = [
+        sample.main_frame(),
+        {"file": str(dispatcher / "hooks.py"), "line": 2, "function": "call", "code": None},
+        {"file": str(runner / "python.py"), "line": 2, "function": "call", "code": None},
+        *below,
+    ]
+    with _frames.started_by([str(runner), str(dispatcher)], [str(dispatcher)]):
+        cut = _frames.render(stack)
+    assert (below, whole) == (cut, _frames.render(stack))
+
+
+THIS_FILE = SourceFile(__file__)
+
+
+def test_capture_entered_by_exit_stack_is_reported_at_enter_context(
+    runtime: Runtime, events: list[dict[str, Any]]
+) -> None:
+    """A capture refused in ExitStack.enter_context names that line last, not contextlib's."""
+    import torch
+
+    cgguard.install(cgguard.Config(log_format="json"))
+    with contextlib.ExitStack() as stack, cgguard.capture_disabled():
+        with pytest.raises(cgguard.CaptureDisabledError) as raised:
+            stack.enter_context(torch.cuda.graph(torch.cuda.CUDAGraph()))  # @exit-stack
+    test = "test_capture_entered_by_exit_stack_is_reported_at_enter_context"
+    assert raised.value.event["stack"][-1] == THIS_FILE.frame("@exit-stack", test)
+
+
+@contextlib.contextmanager
+def capturing(graph: Any) -> Iterator[None]:
+    """A library's context manager around torch.cuda.graph."""
+    import torch
+
+    with torch.cuda.graph(graph):  # @generator-captures
+        yield
+
+
+def test_capture_in_a_context_manager_is_reported_without_contextlib(
+    runtime: Runtime, events: list[dict[str, Any]]
+) -> None:
+    """A capture begun in a @contextmanager: the user's ``with``, then the generator's line."""
+    import torch
+
+    cgguard.install(cgguard.Config(log_format="json"))
+    with cgguard.capture_disabled(), pytest.raises(cgguard.CaptureDisabledError) as raised:
+        with capturing(torch.cuda.CUDAGraph()):  # @enters-capturing
+            pass
+    test = "test_capture_in_a_context_manager_is_reported_without_contextlib"
+    assert raised.value.event["stack"][-2:] == [
+        THIS_FILE.frame("@enters-capturing", test),
+        THIS_FILE.frame("@generator-captures", "capturing"),
     ]

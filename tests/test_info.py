@@ -27,6 +27,33 @@ def test_configuration_shows_unknown_variables_and_cut_values() -> None:
     assert expected == _configuration(environ)
 
 
+def test_configuration_names_the_variable_a_value_follows() -> None:
+    """A rule that takes the mode, and the target that takes the log file, name that variable."""
+    environ = {
+        "CGGUARD_MODE": "log",
+        "CGGUARD_LOG_FILE": "events.log",
+        "CGGUARD_RULE_NESTED_CAPTURE": "raise",
+    }
+    expected = [
+        "  enabled        (unset)      (CGGUARD_ENABLED)",
+        "  mode           log          (CGGUARD_MODE)",
+        "  log_format     json, or console when stderr is a terminal (default)",
+        "  log_file       events.log   (CGGUARD_LOG_FILE)",
+        "  log_target     file         (from CGGUARD_LOG_FILE)",
+        "  report         none         (default)",
+        "  capture        as it is (enabled at start) (default)",
+        "  simulate_cuda  False        (default)",
+        "  vllm_bridge    True         (default)",
+        "  rule           capture_disabled: log (from CGGUARD_MODE)",
+        "  rule           nested_capture: raise (CGGUARD_RULE_NESTED_CAPTURE)",
+        # The diagnostics log whatever the mode: their default is their own.
+        "  rule           concurrent_capture: log (default)",
+        "  rule           sync_during_capture: log (default)",
+        "  rule           abandoned_capture: log (default)",
+    ]
+    assert expected == _configuration(environ)
+
+
 @pytest.mark.subprocess
 def test_the_activation_check_writes_no_report_or_log(tmp_path: Path) -> None:
     """cgguard info's check child neither replaces the configured report nor logs to its file."""

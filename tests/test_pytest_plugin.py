@@ -498,6 +498,44 @@ def test_violations_fixture_hands_the_events_to_the_test(guarded: Session) -> No
     assert guarded.outcomes("test_events.py") == {"test_events.py::test_events": "passed"}
 
 
+GUARDED["test_stacks"] = """
+    import cgguard
+    import pytest
+    import torch
+    from cgguard.testing import simulated_cuda
+
+
+    def capture():
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):  # line 8
+            pass
+
+
+    def frames(stack):
+        return [(frame["function"], frame["line"]) for frame in stack]
+
+
+    def test_stacks(cgguard_violations):
+        with simulated_cuda(), cgguard.capture_disabled():  # line 17
+            try:
+                capture()  # line 19
+            except cgguard.CaptureDisabledError:
+                pass
+            pytest.raises(cgguard.CaptureDisabledError, capture)
+        first, second = cgguard_violations
+        assert ([("test_stacks", 19), ("capture", 8)], [("test_stacks", 17)]) == (
+            frames(first["stack"]), frames(first["disabled_stack"])
+        )
+        # A pytest helper the test calls is part of the test's stack, as any library is.
+        assert ["test_stacks", "raises", "capture"] == [f["function"] for f in second["stack"]]
+"""
+
+
+@pytest.mark.xdist_group("pytest_plugin-guarded")
+def test_event_stacks_start_at_the_test_function(guarded: Session) -> None:
+    """Both stacks of an event start at the test: none of pytest's or pluggy's frames above it."""
+    assert guarded.outcomes("test_stacks.py") == {"test_stacks.py::test_stacks": "passed"}
+
+
 IDLE["test_skips"] = """
     def test_skips(cgguard_violations):
         pass
@@ -541,6 +579,59 @@ def test_swallowed_violation_passes_without_the_option(pytester: pytest.Pytester
     """The same swallowed refusal is no failure when the session runs without --cgguard."""
     pytester.makepyfile(test_swallowed=SWALLOWED)
     run(pytester).assert_outcomes(passed=1)
+
+
+TRACEBACKS = """
+    import cgguard
+    import pytest
+    import torch
+    from cgguard.testing import simulated_cuda
+
+
+    @pytest.fixture(autouse=True)
+    def guarded():
+        with simulated_cuda():
+            cgguard.install(cgguard.Config(rules={"sync_during_capture": "raise"}))
+            try:
+                yield
+            finally:
+                cgguard.uninstall()
+
+
+    def test_graph():
+        with cgguard.capture_disabled():
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):  # @graph
+                pass
+
+
+    def test_capture_begin():
+        with torch.cuda.stream(torch.cuda.Stream()), cgguard.capture_disabled():
+            torch.cuda.CUDAGraph().capture_begin()  # @capture-begin
+
+
+    def test_stream_synchronize():
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            torch.cuda.current_stream().synchronize()  # @stream-synchronize
+"""
+
+
+def test_a_raised_violation_s_traceback_ends_at_the_user_s_line(
+    pytester: pytest.Pytester,
+) -> None:
+    """pytest's traceback of a refusal shows the test's line last, and none of cgguard's frames."""
+    pytester.makepyfile(test_tracebacks=TRACEBACKS)
+    result = run(pytester, "--show-capture=no")
+    result.assert_outcomes(failed=3)
+    for marker, error in (
+        ("graph", "CaptureDisabledError"),
+        ("capture-begin", "CaptureDisabledError"),
+        ("stream-synchronize", "SyncDuringCaptureError"),
+    ):
+        # The failing line, then its place: the last entry of the traceback is the test's.
+        result.stdout.re_match_lines(
+            [rf">\s+.*  # @{marker}$", rf"^test_tracebacks\.py:\d+: {error}$"]
+        )
+    result.stdout.no_fnmatch_line("*cgguard*_guard.py*")
 
 
 def test_ini_option_turns_the_guard_on(pytester: pytest.Pytester) -> None:

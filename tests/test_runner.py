@@ -25,11 +25,14 @@ import pytest
 from helpers import DEFAULT_CONFIGURATION, PATCHED_COUNT, clean_environ, torch_entry_points
 
 import cgguard
-from cgguard._runner import BOOT_DIR
+from cgguard._runner import BOOT_DIR, program_environ, run_parser
+from cgguard._settings import BOOL, SETTINGS
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from pathlib import Path
+
+    from cgguard._settings import Setting
 
 pytestmark = pytest.mark.subprocess
 
@@ -639,6 +642,127 @@ def test_existing_file_wins_over_a_command_on_path(tmp_path: Path) -> None:
     assert expected == result
 
 
+@pytest.mark.parametrize("target", ["./cgg-launch.sh", "cgg-launch.sh"])
+def test_a_script_of_another_interpreter_runs_as_itself(tmp_path: Path, target: str) -> None:
+    """An executable file whose #! names another interpreter runs as a shell runs it, activated."""
+    write(tmp_path / "cgg-launch.sh", SHELL_COMMAND).chmod(0o755)
+    result = python([*RUNNER, target, "a", "--mode", "b"], tmp_path, clean_environ())
+    expected = (0, f"{target} a --mode b\nenabled=1\n".encode(), b"")
+    assert expected == result
+
+
+SHEBANG_PROBE = "import sys\nprint(sys.executable, sys.argv)\n"
+
+
+@pytest.mark.parametrize(
+    "shebang",
+    [
+        "#!/usr/bin/env python3\n",
+        "#!/cgg/none/python3.99 -u\n",
+        "#! /cgg/none/python\r\n",
+        "#!/usr/bin/env -S python3 -X dev\n",
+        "#!/usr/bin/env -u CGG_NONE PYTHONDONTWRITEBYTECODE=1 python\n",
+        "#!\n",
+        "",
+    ],
+    ids=["env", "path with a flag", "CRLF", "env -S", "env -u and a setting", "bare", "none"],
+)
+def test_a_python_script_runs_with_this_interpreter(tmp_path: Path, shebang: str) -> None:
+    """A #! line that names any python, or none, runs the file with this interpreter, as python."""
+    write(tmp_path / "cgg_shebang.py", shebang + SHEBANG_PROBE).chmod(0o755)
+    expected = (0, f"{sys.executable} ['cgg_shebang.py', 'a']\n".encode(), b"")
+    assert expected == run_both(tmp_path, ["cgg_shebang.py", "a"])
+
+
+def test_a_script_of_another_interpreter_that_is_not_executable_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Not executable and not Python: status 126 as from a shell, one line saying why."""
+    write(tmp_path / "cgg-launch.sh", SHELL_COMMAND).chmod(0o644)
+    result = python([*RUNNER, "cgg-launch.sh", "a"], tmp_path, clean_environ())
+    message = (
+        "cgguard run: cannot run 'cgg-launch.sh': not executable (chmod +x it), and not Python: "
+        "its #! line is '#!/bin/sh'\n"
+    )
+    assert (126, b"", message.encode()) == result
+
+
+def test_a_native_executable_runs_as_itself(tmp_path: Path) -> None:
+    """A native executable in the current directory runs as itself, not as a Python file."""
+    echo = shutil.which("echo")
+    if echo is None:
+        pytest.skip("no echo on PATH")
+    with open(echo, "rb") as file:
+        if file.read(4) != b"\x7fELF":
+            pytest.skip(f"{echo} is not a native executable")
+    shutil.copy(echo, tmp_path / "cgg-echo")
+    result = python([*RUNNER, "cgg-echo", "hello"], tmp_path, clean_environ())
+    expected = (0, b"hello\n", b"")
+    assert expected == result
+
+
+def test_a_folder_does_not_hide_a_command_of_its_name(tmp_path: Path) -> None:
+    """A folder python cannot run (no __main__.py) leaves the name to the command on PATH."""
+    bin_dir = tmp_path / "bin"
+    script = write(bin_dir / "cgg-probe-cmd", SHELL_COMMAND)
+    script.chmod(0o755)
+    (tmp_path / "cgg-probe-cmd").mkdir()
+    result = python([*RUNNER, "cgg-probe-cmd", "a"], tmp_path, path_with(bin_dir))
+    assert (0, f"{script} a\nenabled=1\n".encode(), b"") == result
+
+
+def test_a_folder_without_main_and_no_command_is_named_in_the_error(tmp_path: Path) -> None:
+    """A folder without __main__.py and no command of its name: one line saying both."""
+    (tmp_path / "cgg-folder").mkdir()
+    result = python([*RUNNER, "cgg-folder"], tmp_path, clean_environ())
+    message = (
+        b"cgguard run: cannot run 'cgg-folder': a folder without __main__.py, and no command "
+        b"of that name on PATH\n"
+    )
+    assert (2, b"", message) == result
+
+
+def test_option_values_are_case_insensitive(tmp_path: Path) -> None:
+    """--mode RAISE, --rule Nested_Capture=OFF: read as the variables' values are, any case."""
+    write(tmp_path / "cgg_env.py", ENV_PROBE)
+    env = clean_environ()
+    options = ["--mode", "RAISE", "--log-format=Console", "--capture", " Disabled "]
+    options += ["--log-target", "STDERR", "--rule", "Nested_Capture=OFF"]
+    runner_environ, _ = environ_and_path(python([*RUNNER, *options, "cgg_env.py"], tmp_path, env))
+    seen = {k: v for k, v in runner_environ.items() if k.startswith("CGGUARD_")}
+    expected = {
+        "CGGUARD_ENABLED": "1",
+        "CGGUARD_MODE": "raise",
+        "CGGUARD_LOG_FORMAT": "console",
+        "CGGUARD_CAPTURE": "disabled",
+        "CGGUARD_LOG_TARGET": "stderr",
+        "CGGUARD_RULE_NESTED_CAPTURE": "off",
+    }
+    assert expected == seen
+
+
+BOOLEANS = [s for s in SETTINGS.values() if s.choices is BOOL]
+
+
+@pytest.mark.parametrize("value", [True, False], ids=["on", "off"])
+@pytest.mark.parametrize("setting", BOOLEANS, ids=[s.field for s in BOOLEANS])
+def test_every_boolean_setting_has_an_option_each_way(setting: Setting, value: bool) -> None:
+    """--name and --no-name for each boolean setting, overriding the environment's value."""
+    option = setting.option if value else "--no-" + setting.option.removeprefix("--")
+    options = run_parser().parse_args([option])
+    env = program_environ(options, {setting.variable: "0" if value else "1"})
+    assert ("1" if value else "0") == env[setting.variable]
+
+
+def test_version(tmp_path: Path) -> None:
+    """``python -m cgguard --version`` and ``cgguard --version`` print cgguard's version."""
+    expected = (0, f"cgguard {cgguard.__version__}\n".encode(), b"")
+    assert expected == python(["-m", "cgguard", "--version"], tmp_path, clean_environ())
+    console = shutil.which("cgguard", path=os.path.dirname(sys.executable))
+    if console is not None:
+        assert expected == command([console, "--version"], tmp_path, clean_environ())
+
+
 RULE_ERROR = (
     "cgguard run: error: argument --rule: '{}': accepted values are RULE=ACTION with RULE one of "
     "capture_disabled, nested_capture, concurrent_capture, sync_during_capture, abandoned_capture "
@@ -650,6 +774,7 @@ PATH_ERROR = (
     "cgguard run: error: argument {}: {}: "
     "accepted values are a path (not blank, no NUL character)\n"
 )
+CHOICE_ERROR = "cgguard run: error: argument {}: {}: accepted values are {}\n"
 FILE_TARGET_ERROR = (
     b"cgguard run: error: argument --log-target: 'file' needs a log file: --log-file PATH, "
     b"or CGGUARD_LOG_FILE in the environment\n"
@@ -668,13 +793,13 @@ ERRORS = [
         id="unknown option",
     ),
     pytest.param(
-        ("run", "--mode", "rase", "cgg_marker.py"),
-        USAGE.encode() + invalid_choice("cgguard run", "--mode", ("raise", "log"), "rase"),
-        id="invalid --mode",
+        ("run", "--mode", "Rase", "cgg_marker.py"),
+        USAGE.encode() + CHOICE_ERROR.format("--mode", "'Rase'", "raise, log").encode(),
+        id="invalid --mode, shown as given",
     ),
     pytest.param(
         ("run", "--log-format", "xml", "cgg_marker.py"),
-        USAGE.encode() + invalid_choice("cgguard run", "--log-format", ("json", "console"), "xml"),
+        USAGE.encode() + CHOICE_ERROR.format("--log-format", "'xml'", "json, console").encode(),
         id="invalid --log-format",
     ),
     pytest.param(
@@ -685,7 +810,7 @@ ERRORS = [
     pytest.param(
         ("run", "--log-target", "syslog", "cgg_marker.py"),
         USAGE.encode()
-        + invalid_choice("cgguard run", "--log-target", ("stderr", "file", "logging"), "syslog"),
+        + CHOICE_ERROR.format("--log-target", "'syslog'", "stderr, file, logging").encode(),
         id="invalid --log-target",
     ),
     pytest.param(
@@ -944,8 +1069,8 @@ def test_info_reports_versions_configuration_and_activation(tmp_path: Path) -> N
         "  capture        as it is (enabled at start) (default)",
         "  simulate_cuda  False        (default)",
         "  vllm_bridge    False        (CGGUARD_VLLM_BRIDGE)",
-        "  rule           capture_disabled: log (default)",
-        "  rule           nested_capture: log (default)",
+        "  rule           capture_disabled: log (from CGGUARD_MODE)",
+        "  rule           nested_capture: log (from CGGUARD_MODE)",
         "  rule           concurrent_capture: log (default)",
         "  rule           sync_during_capture: raise (CGGUARD_RULE_SYNC_DURING_CAPTURE)",
         "  rule           abandoned_capture: log (default)",
