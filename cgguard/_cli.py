@@ -1,10 +1,13 @@
-"""The command line: ``cgguard run`` starts a program, guarded; ``cgguard info`` reports."""
+"""The command line: ``cgguard run`` starts a program, guarded; ``cgguard info`` reports on this
+environment; ``cgguard report`` merges a job's JSON reports."""
 
 from __future__ import annotations
 
 import sys
 
 from cgguard._runner import Parser, run
+
+_COMMANDS = ("run", "info", "report")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -13,14 +16,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = Parser(
         prog="cgguard",
         description="Guard every CUDA-graph capture in a PyTorch program.",
-        usage="cgguard {run,info} ...",
+        usage="cgguard {run,info,report} ...",
     )
-    parser.add_argument("command", choices=("run", "info"), help="run a program, or report")
-    if not args or args[0] not in ("run", "info"):
+    parser.add_argument(
+        "command",
+        choices=_COMMANDS,
+        help="run a program, report on this environment, or merge a job's reports",
+    )
+    if not args or args[0] not in _COMMANDS:
         parser.parse_args(args[:1])  # prints usage and exits 2 on anything else
         return 2
     if args[0] == "run":
         return run(args[1:])
+    if args[0] == "report":
+        from cgguard._merge import main as merge_reports
+
+        return merge_reports(args[1:])
     from cgguard._info import report
 
     info = Parser(prog="cgguard info", description="Report versions, configuration, activation.")

@@ -10,6 +10,7 @@ import os
 import platform
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -222,6 +223,7 @@ def report_document(
         "cgguard": cgguard.__version__,
         "python": platform.python_version(),
         "torch": importlib.metadata.version("torch"),
+        "host": socket.gethostname(),
         "pid": os.getpid(),
         "config": config,
         "totals": totals,
