@@ -25,6 +25,8 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install ray)"
 
 pytestmark = [
     pytest.mark.simulated,
+    # The cluster and its workers are new interpreters, started from here.
+    pytest.mark.subprocess,
     # Every test here on one xdist worker: one cluster for the module, not one per worker.
     pytest.mark.xdist_group("ray"),
 ]
@@ -192,8 +194,10 @@ def probe():
 
 
 address = sys.argv[1] if len(sys.argv) > 1 else None
+# The recipe for a cluster someone else started: the driver's settings, handed to the job.
+settings = {k: v for k, v in os.environ.items() if k.startswith("CGGUARD_")}
 if address:
-    ray.init(address=address)
+    ray.init(address=address, runtime_env={"env_vars": settings} if "pass" in sys.argv else None)
 else:
     ray.init(address="local", num_cpus=1, include_dashboard=False)
 print(json.dumps(ray.get(probe.remote())))
@@ -218,7 +222,6 @@ def run_driver(folder: Path, *args: str) -> list[Any]:
     return list(json.loads(result.stdout.splitlines()[-1]))
 
 
-@pytest.mark.subprocess
 def test_a_driver_under_cgguard_run_activates_nothing_in_an_existing_cluster(
     cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -227,7 +230,14 @@ def test_a_driver_under_cgguard_run_activates_nothing_in_an_existing_cluster(
     assert run_driver(tmp_path, cluster.address) == [False, None]
 
 
-@pytest.mark.subprocess
+def test_a_driver_that_hands_its_settings_to_the_job_activates_its_workers(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """runtime_env={"env_vars": the driver's CGGUARD_* variables} guards the job's workers on a
+    cluster started without cgguard."""
+    assert run_driver(tmp_path, cluster.address, "pass") == [True, "1"]
+
+
 def test_a_cluster_started_by_a_driver_under_cgguard_run_is_activated(tmp_path: Path) -> None:
     """ray.init() that starts the cluster passes the driver's environment to every worker."""
     assert run_driver(tmp_path) == [True, "1"]
