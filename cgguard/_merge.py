@@ -397,8 +397,10 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]
 
 
 def _fence(text: str) -> str:
-    # Longer than any run of backticks inside, so that the block cannot end early.
-    longest = max((len(run) for run in text.split("\n") if set(run) == {"`"}), default=0)
+    # Longer than any line of backticks inside (indented or not), so that the block cannot end
+    # early.
+    runs = (line.strip() for line in text.split("\n"))
+    longest = max((len(run) for run in runs if set(run) == {"`"}), default=0)
     ticks = "`" * max(3, longest + 1)
     return f"{ticks}text\n{text}\n{ticks}"
 

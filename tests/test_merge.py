@@ -574,3 +574,22 @@ def test_a_torchrun_job_merges_into_one_report(
         [{"host": host, "pid": pids[1], "rank": 1, "count": 1}],
         site,
     )
+
+
+def test_a_fence_in_the_code_does_not_end_the_markdown_block(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stack line of backticks gets a longer fence around it."""
+    odd = frame("/job/doc.py", 3, "f", "```")
+    event = {"rule": "future_rule", "message": "m", "timestamp": "t", "stack": [odd]}
+    write(tmp_path, "r.json", document(5, [{"rule": "future_rule", "count": 1, "first": event}]))
+    _, out, _ = run(capsys, "--format", "markdown", str(tmp_path))
+    lines = out.splitlines()
+    start = lines.index("````text")
+    assert lines[start : start + 5] == [
+        "````text",
+        "The call was made at (most recent call last):",
+        '  File "/job/doc.py", line 3, in f',
+        "    ```",
+        "````",
+    ]
