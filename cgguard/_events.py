@@ -90,6 +90,7 @@ class ReportDocument(_Ranked):
     cgguard: str
     python: str
     torch: str | None
+    host: str  # so that reports gathered from several machines merge (cgguard report)
     pid: int
     written_at: str
     config: dict[str, object]
@@ -215,6 +216,7 @@ def document(config: Config, ledger: Ledger) -> ReportDocument:
         "cgguard": __version__,
         "python": platform.python_version(),
         "torch": distribution_version("torch"),
+        "host": platform.node(),
         "pid": os.getpid(),
     }
     doc.update(ranks())

@@ -64,8 +64,9 @@ class ReportFile:
         self._thread: threading.Thread | None = None
         self._finalized_in = 0  # the process whose multiprocessing finalizers close this
         self._claim()
-        if len(ledger):  # switched to this path with violations already seen
-            self.write()
+        # Written at once, violations or not: a process ended without its exit handlers (a Ray
+        # worker, a worker killed by SIGTERM) still shows that it was guarded.
+        self.write()
 
     def changed(self, *, new_site: bool) -> None:
         """Note that the ledger changed: a new site is written at once, a count soon."""

@@ -10,6 +10,7 @@ import os
 import platform
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -222,6 +223,7 @@ def report_document(
         "cgguard": cgguard.__version__,
         "python": platform.python_version(),
         "torch": importlib.metadata.version("torch"),
+        "host": socket.gethostname(),
         "pid": os.getpid(),
         "config": config,
         "totals": totals,
@@ -1057,6 +1059,16 @@ def test_a_process_without_violations_keeps_its_run_s_report(
     cgguard.uninstall()
     assert json.loads(report.read_text()) == held
     assert "write the same file" in capsys.readouterr().err
+
+
+def test_the_report_is_written_at_install(tmp_path: Path) -> None:
+    """A process guarded with a report has one on disk from the start, before any violation or
+    exit handler: a worker ended without exit handlers still shows that it was guarded."""
+    template = str(tmp_path / "r-{pid}.json")
+    cgguard.install(cgguard.Config(log_file=os.devnull, report=template))
+    assert read_report(tmp_path / f"r-{os.getpid()}.json") == report_document(
+        config_section(log_file=os.devnull, report=template), {}, []
+    )
 
 
 def test_a_later_run_replaces_an_earlier_run_s_report(tmp_path: Path) -> None:

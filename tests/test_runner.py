@@ -894,14 +894,14 @@ ERRORS = [
     pytest.param(("run", "-m"), b"cgguard run: -m needs a module name\n", id="-m alone"),
     pytest.param(
         (),
-        b"usage: cgguard {run,info} ...\n"
+        b"usage: cgguard {run,info,report} ...\n"
         b"cgguard: error: the following arguments are required: command\n",
         id="no subcommand",
     ),
     pytest.param(
         ("bogus",),
-        b"usage: cgguard {run,info} ...\n"
-        + invalid_choice("cgguard", "command", ("run", "info"), "bogus"),
+        b"usage: cgguard {run,info,report} ...\n"
+        + invalid_choice("cgguard", "command", ("run", "info", "report"), "bogus"),
         id="unknown subcommand",
     ),
     pytest.param(

@@ -1,0 +1,476 @@
+"""``cgguard report``: the JSON reports of a whole job's processes merged into one view.
+
+A torchrun or multi-node job leaves one report per process. Merged, they say per rule and site
+how often it was hit and by which processes (host, pid, rank), with the first full stacks, and
+list every process that was guarded, those without a violation included.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from cgguard._frames import format_frames
+from cgguard._log import format_stacks
+from cgguard._rules import NAMES
+from cgguard._settings import shown
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from cgguard._events import ViolationEvent
+    from cgguard._frames import FrameInfo
+
+FORMATS = ("text", "json", "markdown")
+_RANK_KEYS = ("rank", "local_rank", "world_size")
+_UNKNOWN_HOST = "unknown host"  # a report written before reports carried the host name
+_GLOB_MAGIC = ("*", "?", "[")
+
+
+class ReportError(Exception):
+    """A path that is not a readable cgguard report; its message is one line naming it."""
+
+
+class Process(TypedDict):
+    """One process of the job, as its report describes it."""
+
+    host: str | None
+    pid: int
+    rank: int | str | None
+    local_rank: int | str | None
+    world_size: int | str | None
+    violations: int
+    totals: dict[str, int]
+    report: str
+    written_at: str | None
+
+
+class Hit(TypedDict):
+    """One process's count at a merged site."""
+
+    host: str | None
+    pid: int
+    rank: int | str | None
+    count: int
+
+
+class MergedSite(TypedDict):
+    """One rule at one place in the code, across the job."""
+
+    rule: str
+    api: str | None
+    site: FrameInfo | None  # the innermost frame of the offending call's stack
+    count: int
+    processes: list[Hit]
+    first: ViolationEvent  # the earliest first event among the processes
+
+
+class Merged(TypedDict):
+    """The whole job: totals per rule, the merged sites, and every process."""
+
+    reports: int
+    hosts: list[str | None]
+    totals: dict[str, int]
+    violations: list[MergedSite]
+    processes: list[Process]
+
+
+# --- finding and reading the reports -------------------------------------------------------
+
+
+def collect(paths: Sequence[str]) -> list[str]:
+    """The report files named by ``paths``: files, folders (their ``*.json`` files) and globs.
+
+    Raises ReportError for a path that names nothing, or a folder or glob that holds no report.
+    """
+    found: dict[str, str] = {}  # by real path, so that a file named twice is read once
+    for path in paths:
+        if os.path.exists(path):
+            matches = [path]
+        elif any(magic in path for magic in _GLOB_MAGIC):
+            matches = sorted(glob.glob(path, recursive=True))
+            if not matches:
+                raise ReportError(f"{shown(path)}: no file matches this pattern")
+        else:
+            raise ReportError(f"{shown(path)}: no such file or folder")
+        for match in matches:
+            if os.path.isdir(match):
+                files = sorted(glob.glob(os.path.join(glob.escape(match), "*.json")))
+                if not files:
+                    raise ReportError(f"{shown(match)}: a folder with no cgguard report (*.json)")
+            else:
+                files = [match]
+            for file in files:
+                found.setdefault(os.path.realpath(file), file)
+    return list(found.values())
+
+
+def load(path: str) -> dict[str, Any]:
+    """One report, checked against the report's schema; ReportError if it is not one."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read()
+    except OSError as exc:
+        raise ReportError(f"{shown(path)}: cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ReportError(f"{shown(path)}: not a cgguard report: not UTF-8 text") from None
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise ReportError(f"{shown(path)}: not a cgguard report: not JSON ({exc})") from None
+    problem = _schema_problem(document)
+    if problem is not None:
+        raise ReportError(f"{shown(path)}: not a cgguard report: {problem}")
+    return dict(document)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _schema_problem(document: object) -> str | None:
+    """What makes ``document`` something other than a cgguard report, or None."""
+    if not isinstance(document, dict):
+        return f"a JSON {type(document).__name__}, not an object"
+    get = document.get
+    totals, violations = get("totals"), get("violations")
+    checks = [
+        (isinstance(get("cgguard"), str), 'no "cgguard" version'),
+        (_is_int(get("pid")), '"pid" is not a whole number'),
+        (get("host") is None or isinstance(get("host"), str), '"host" is not text'),
+        *(
+            (
+                get(key) is None or _is_int(get(key)) or isinstance(get(key), str),
+                f'"{key}" is neither a number nor text',
+            )
+            for key in _RANK_KEYS
+        ),
+        (
+            isinstance(totals, dict) and all(_is_int(n) for n in totals.values()),
+            '"totals" is not an object of counts',
+        ),
+        (isinstance(violations, list), '"violations" is not a list'),
+    ]
+    for ok, problem in checks:
+        if not ok:
+            return problem
+    for i, violation in enumerate(violations or ()):
+        found = _violation_problem(violation)
+        if found is not None:
+            return f"violations[{i}]: {found}"
+    return None
+
+
+def _violation_problem(violation: object) -> str | None:
+    if not isinstance(violation, dict):
+        return "not an object"
+    if not isinstance(violation.get("rule"), str):
+        return '"rule" is not text'
+    count = violation.get("count")
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        return '"count" is not a positive whole number'
+    first = violation.get("first")
+    if not isinstance(first, dict):
+        return '"first" is not an event'
+    stack = first.get("stack")
+    if not isinstance(stack, list) or not all(_is_frame(frame) for frame in stack):
+        return '"first" has no stack of frames'
+    return None
+
+
+def _is_frame(frame: object) -> bool:
+    return (
+        isinstance(frame, dict)
+        and isinstance(frame.get("file"), str)
+        and _is_int(frame.get("line"))
+        and isinstance(frame.get("function"), str)
+    )
+
+
+# --- merging --------------------------------------------------------------------------------
+
+
+def merge(reports: Sequence[tuple[str, dict[str, Any]]]) -> Merged:
+    """The job's view of ``reports``, (path, document) pairs checked by load()."""
+    processes: list[Process] = []
+    sites: dict[tuple[str, str | None, int | None, str | None], MergedSite] = {}
+    for path, document in reports:
+        process = _process(path, document)
+        processes.append(process)
+        for violation in document["violations"]:
+            first = violation["first"]
+            stack = first["stack"]
+            top: FrameInfo | None = stack[-1] if stack else None
+            key = (
+                violation["rule"],
+                top["file"] if top else None,
+                top["line"] if top else None,
+                top["function"] if top else None,
+            )
+            merged = sites.get(key)
+            if merged is None:
+                merged = sites[key] = {
+                    "rule": violation["rule"],
+                    "api": first.get("api"),
+                    "site": top,
+                    "count": 0,
+                    "processes": [],
+                    "first": first,
+                }
+            elif _earlier(first, merged["first"]):
+                merged["first"] = first
+            merged["count"] += violation["count"]
+            merged["processes"].append(
+                {
+                    "host": process["host"],
+                    "pid": process["pid"],
+                    "rank": process["rank"],
+                    "count": violation["count"],
+                }
+            )
+    processes.sort(key=_process_order)
+    for merged in sites.values():
+        merged["processes"].sort(key=_process_order)
+    violations = sorted(sites.values(), key=_site_order)
+    totals: dict[str, int] = {}
+    for process in processes:
+        for rule, count in process["totals"].items():
+            totals[rule] = totals.get(rule, 0) + count
+    hosts = sorted({p["host"] for p in processes}, key=lambda h: (h is None, h or ""))
+    return {
+        "reports": len(processes),
+        "hosts": hosts,
+        "totals": dict(sorted(totals.items(), key=lambda item: _rule_order(item[0]))),
+        "violations": violations,
+        "processes": processes,
+    }
+
+
+def _process(path: str, document: dict[str, Any]) -> Process:
+    # The report's own totals: they also count a site whose first event was still being
+    # rendered when the report was written.
+    held = sorted(document["totals"].items(), key=lambda item: _rule_order(item[0]))
+    totals = {rule: count for rule, count in held if count}
+    written_at = document.get("written_at")
+    return {
+        "host": document.get("host"),
+        "pid": document["pid"],
+        "rank": document.get("rank"),
+        "local_rank": document.get("local_rank"),
+        "world_size": document.get("world_size"),
+        "violations": sum(totals.values()),
+        "totals": totals,
+        "report": path,
+        "written_at": written_at if isinstance(written_at, str) else None,
+    }
+
+
+def _earlier(event: Mapping[str, Any], than: Mapping[str, Any]) -> bool:
+    # ISO 8601 timestamps in UTC with a fixed width compare as text.
+    mine, theirs = event.get("timestamp"), than.get("timestamp")
+    return isinstance(mine, str) and (not isinstance(theirs, str) or mine < theirs)
+
+
+def _rank_order(rank: int | str | None) -> tuple[int, int, str]:
+    if isinstance(rank, int):
+        return (0, rank, "")
+    return (1, 0, rank) if rank is not None else (2, 0, "")
+
+
+def _process_order(process: Process | Hit) -> tuple[object, ...]:
+    host = process["host"]
+    return (host is None, host or "", _rank_order(process["rank"]), process["pid"])
+
+
+def _rule_order(rule: str) -> tuple[int, str]:
+    # The table's order, then rules a newer cgguard wrote, by name.
+    return (NAMES.index(rule), "") if rule in NAMES else (len(NAMES), rule)
+
+
+def _site_order(site: MergedSite) -> tuple[object, ...]:
+    top = site["site"]
+    return (
+        -site["count"],
+        _rule_order(site["rule"]),
+        top["file"] if top else "",
+        top["line"] if top else 0,
+    )
+
+
+# --- rendering ------------------------------------------------------------------------------
+
+
+def _where(top: FrameInfo | None) -> str:
+    return f"{top['file']}:{top['line']} (in {top['function']})" if top else "an unknown site"
+
+
+def _who(process: Process | Hit) -> str:
+    parts = [process["host"] or _UNKNOWN_HOST, f"pid {process['pid']}"]
+    if process["rank"] is not None:
+        parts.append(f"rank {process['rank']}")
+    return " ".join(parts)
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun if count == 1 else noun + ('es' if noun.endswith('s') else 's')}"
+
+
+def _headline(merged: Merged) -> str:
+    count = sum(merged["totals"].values())
+    found = (
+        f"{_plural(count, 'violation')} at {_plural(len(merged['violations']), 'site')}"
+        if count
+        else "no violation"
+    )
+    return (
+        f"{_plural(merged['reports'], 'process')} on {_plural(len(merged['hosts']), 'host')}: "
+        f"{found}"
+    )
+
+
+def _stacks(event: dict[str, Any]) -> str:
+    """The first event's stacks as the console shows them; plain frames for a rule unknown
+    to this cgguard."""
+    text = format_stacks(event)
+    if text or not isinstance(event.get("stack"), list):
+        return text
+    return "The call was made at (most recent call last):\n" + format_frames(event["stack"])
+
+
+def _ranks(process: Process) -> list[tuple[str, int | str | None]]:
+    return [
+        ("rank", process["rank"]),
+        ("local_rank", process["local_rank"]),
+        ("world_size", process["world_size"]),
+    ]
+
+
+def _process_line(process: Process) -> str:
+    ranks = " ".join(f"{key} {value}" for key, value in _ranks(process) if value is not None)
+    found = (
+        ", ".join(f"{rule} {count}" for rule, count in process["totals"].items())
+        if process["violations"]
+        else "no violation"
+    )
+    head = f"{process['host'] or _UNKNOWN_HOST} pid {process['pid']}"
+    return "  ".join(part for part in (head, ranks, found, process["report"]) if part)
+
+
+def render_text(merged: Merged) -> str:
+    """For a person at a terminal."""
+    lines = [f"cgguard report: {_headline(merged)}"]
+    for site in merged["violations"]:
+        lines += [
+            "",
+            f"{site['rule']} at {_where(site['site'])}: {site['count']} in "
+            f"{_plural(len(site['processes']), 'process')}",
+        ]
+        lines += [f"  {_who(hit)}: {hit['count']}" for hit in site["processes"]]
+        lines.append(f"  {site['first'].get('message', '')}")
+        stacks = _stacks(dict(site["first"]))
+        lines += [f"  {line}" if line else "" for line in stacks.splitlines()]
+    lines += ["", "processes:"]
+    lines += [f"  {_process_line(process)}" for process in merged["processes"]]
+    return "\n".join(lines) + "\n"
+
+
+def render_json(merged: Merged) -> str:
+    """For a machine: the merged view as one JSON document."""
+    return json.dumps(merged, indent=2) + "\n"
+
+
+def _cell(value: object) -> str:
+    # A table cell is one line, and a bare | would end it.
+    text = "" if value is None else str(value)
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def _row(cells: Sequence[object]) -> str:
+    return "| " + " | ".join(_cell(cell) for cell in cells) + " |"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    return [_row(header), _row(["---"] * len(header)), *(_row(row) for row in rows)]
+
+
+def _fence(text: str) -> str:
+    # Longer than any line of backticks inside (indented or not), so that the block cannot end
+    # early.
+    runs = (line.strip() for line in text.split("\n"))
+    longest = max((len(run) for run in runs if set(run) == {"`"}), default=0)
+    ticks = "`" * max(3, longest + 1)
+    return f"{ticks}text\n{text}\n{ticks}"
+
+
+def render_markdown(merged: Merged) -> str:
+    """For a CI summary or a pull request: tables, and each site's stacks in a code block."""
+    lines = ["# cgguard report", "", f"{_headline(merged)}."]
+    if merged["violations"]:
+        lines += ["", "## Violations", ""]
+        lines += _table(
+            ["rule", "site", "count", "processes"],
+            [
+                [
+                    site["rule"],
+                    _where(site["site"]),
+                    site["count"],
+                    ", ".join(f"{_who(hit)} ({hit['count']})" for hit in site["processes"]),
+                ]
+                for site in merged["violations"]
+            ],
+        )
+        for site in merged["violations"]:
+            lines += ["", f"### {site['rule']} at {_where(site['site'])}", ""]
+            lines.append(_cell(site["first"].get("message", "")))
+            lines += ["", _fence(_stacks(dict(site["first"])))]
+    lines += ["", "## Processes", ""]
+    lines += _table(
+        ["host", "pid", *_RANK_KEYS, "violations", "report"],
+        [
+            [
+                p["host"] or _UNKNOWN_HOST,
+                p["pid"],
+                *(value for _, value in _ranks(p)),
+                p["violations"],
+                p["report"],
+            ]
+            for p in merged["processes"]
+        ],
+    )
+    return "\n".join(lines) + "\n"
+
+
+_RENDERERS = {"text": render_text, "json": render_json, "markdown": render_markdown}
+
+
+def main(argv: Sequence[str]) -> int:
+    """``cgguard report``: 1 when any violation is present, 0 when none, 2 on a bad path."""
+    from cgguard._runner import Parser
+
+    parser = Parser(
+        prog="cgguard report",
+        usage="cgguard report [--format {text,json,markdown}] PATH [PATH ...]",
+        description="Merge the JSON reports of a job's processes: report files, folders "
+        "(their *.json files) and glob patterns. Exit status 1 when any violation is "
+        "present, 0 when none, 2 when a path is not a readable cgguard report.",
+    )
+    parser.add_argument(
+        "--format",
+        type=str.lower,
+        choices=FORMATS,
+        default="text",
+        help="text (default), json or markdown; case-insensitive",
+    )
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="a report, folder or glob")
+    options = parser.parse_args(argv)
+    try:
+        reports = [(path, load(path)) for path in collect(options.paths)]
+    except ReportError as exc:
+        sys.stderr.write(f"cgguard report: {exc}\n")
+        return 2
+    merged = merge(reports)
+    sys.stdout.write(_RENDERERS[options.format](merged))
+    return 1 if merged["totals"] else 0

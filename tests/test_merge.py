@@ -1,0 +1,595 @@
+"""``cgguard report``: a job's reports merged per rule and site, and one line per process; bad
+paths refused with one line and status 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from helpers import SourceFile, clean_environ
+
+from cgguard._cli import main
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+DISABLED = (
+    "CUDA graph capturing detected at an inappropriate time. This operation is currently disabled."
+)
+
+
+def frame(file: str, line: int, function: str, code: str) -> dict[str, Any]:
+    return {"file": file, "line": line, "function": function, "code": code}
+
+
+TRAIN = frame("/job/train.py", 40, "step", "with torch.cuda.graph(g):")
+OFF = frame("/job/train.py", 12, "serve", "cgguard.set_capture_enabled(False)")
+INNER = frame("/job/fused.py", 7, "fuse", "with torch.cuda.graph(h):")
+OUTER = frame("/job/train.py", 39, "step", "with torch.cuda.graph(g):")
+MAIN = frame("/job/train.py", 90, "<module>", "main()")
+
+
+def disabled_event(pid: int, rank: int, timestamp: str) -> dict[str, Any]:
+    return {
+        "event": "cgguard.capture_violation",
+        "level": "warning",
+        "rule": "capture_disabled",
+        "action": "logged",
+        "api": "torch.cuda.graph",
+        "message": f"{DISABLED} torch.cuda.graph at /job/train.py:40 (in step) began a capture; "
+        "capture was disabled at /job/train.py:12 (in serve).",
+        "count": 1,
+        "thread": "MainThread",
+        "thread_id": 140000000000001,
+        "pid": pid,
+        "rank": rank,
+        "timestamp": timestamp,
+        "stack": [MAIN, TRAIN],
+        "disabled_stack": [MAIN, OFF],
+    }
+
+
+def nested_event(pid: int, rank: int, timestamp: str) -> dict[str, Any]:
+    return {
+        "event": "cgguard.capture_violation",
+        "level": "error",
+        "rule": "nested_capture",
+        "action": "raised",
+        "api": "torch.cuda.graph",
+        "message": "Nested CUDA graph capture is not supported: torch.cuda.graph at "
+        "/job/fused.py:7 (in fuse) began a capture while this thread's capture begun at "
+        "/job/train.py:39 (in step) via torch.cuda.graph is still active.",
+        "count": 1,
+        "thread": "MainThread",
+        "thread_id": 140000000000002,
+        "pid": pid,
+        "rank": rank,
+        "timestamp": timestamp,
+        "stack": [MAIN, INNER],
+        "outer_stack": [MAIN, OUTER],
+    }
+
+
+def document(
+    pid: int, violations: list[dict[str, Any]], host: str | None = "node-a", **ranks: int
+) -> dict[str, Any]:
+    """A report as cgguard writes it; ``host=None`` for one written before reports had it."""
+    totals: dict[str, int] = {}
+    for violation in violations:
+        totals[violation["rule"]] = totals.get(violation["rule"], 0) + violation["count"]
+    head: dict[str, Any] = {"cgguard": "0.1.0", "python": "3.11.9", "torch": "2.13.0"}
+    if host is not None:
+        head["host"] = host
+    return {
+        **head,
+        "pid": pid,
+        **ranks,
+        "written_at": "2026-12-01T05:00:09.000000Z",
+        "config": {"mode": "log"},
+        "totals": totals,
+        "violations": violations,
+    }
+
+
+def write(folder: Path, name: str, content: dict[str, Any] | str) -> Path:
+    path = folder / name
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Path:
+    """A four-process job on two hosts: ranks 0 and 1 violate, rank 2 and the launcher do not."""
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    rank0 = document(
+        101,
+        [
+            {
+                "rule": "capture_disabled",
+                "count": 3,
+                "first": disabled_event(101, 0, "2026-12-01T05:00:02.000000Z"),
+            },
+            {
+                "rule": "nested_capture",
+                "count": 1,
+                "first": nested_event(101, 0, "2026-12-01T05:00:03.000000Z"),
+            },
+        ],
+        rank=0,
+        local_rank=0,
+        world_size=3,
+    )
+    rank1 = document(
+        201,
+        [
+            {
+                "rule": "capture_disabled",
+                "count": 2,
+                # Earlier than rank 0's: its stacks are the ones shown.
+                "first": disabled_event(201, 1, "2026-12-01T05:00:01.000000Z"),
+            }
+        ],
+        host="node-b",
+        rank=1,
+        local_rank=0,
+        world_size=3,
+    )
+    rank2 = document(202, [], host="node-b", rank=2, local_rank=1, world_size=3)
+    launcher = document(100, [], host=None)
+    for name, content in (
+        ("r-101.json", rank0),
+        ("r-201.json", rank1),
+        ("r-202.json", rank2),
+        ("r-100.json", launcher),
+    ):
+        write(folder, name, content)
+    return folder
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    status = main(["report", *args])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def expected_json(folder: Path) -> dict[str, Any]:
+    return {
+        "reports": 4,
+        "hosts": ["node-a", "node-b", None],
+        "totals": {"capture_disabled": 5, "nested_capture": 1},
+        "violations": [
+            {
+                "rule": "capture_disabled",
+                "api": "torch.cuda.graph",
+                "site": TRAIN,
+                "count": 5,
+                "processes": [
+                    {"host": "node-a", "pid": 101, "rank": 0, "count": 3},
+                    {"host": "node-b", "pid": 201, "rank": 1, "count": 2},
+                ],
+                "first": disabled_event(201, 1, "2026-12-01T05:00:01.000000Z"),
+            },
+            {
+                "rule": "nested_capture",
+                "api": "torch.cuda.graph",
+                "site": INNER,
+                "count": 1,
+                "processes": [{"host": "node-a", "pid": 101, "rank": 0, "count": 1}],
+                "first": nested_event(101, 0, "2026-12-01T05:00:03.000000Z"),
+            },
+        ],
+        "processes": [
+            {
+                "host": "node-a",
+                "pid": 101,
+                "rank": 0,
+                "local_rank": 0,
+                "world_size": 3,
+                "violations": 4,
+                "totals": {"capture_disabled": 3, "nested_capture": 1},
+                "report": str(folder / "r-101.json"),
+                "written_at": "2026-12-01T05:00:09.000000Z",
+            },
+            {
+                "host": "node-b",
+                "pid": 201,
+                "rank": 1,
+                "local_rank": 0,
+                "world_size": 3,
+                "violations": 2,
+                "totals": {"capture_disabled": 2},
+                "report": str(folder / "r-201.json"),
+                "written_at": "2026-12-01T05:00:09.000000Z",
+            },
+            {
+                "host": "node-b",
+                "pid": 202,
+                "rank": 2,
+                "local_rank": 1,
+                "world_size": 3,
+                "violations": 0,
+                "totals": {},
+                "report": str(folder / "r-202.json"),
+                "written_at": "2026-12-01T05:00:09.000000Z",
+            },
+            {
+                "host": None,
+                "pid": 100,
+                "rank": None,
+                "local_rank": None,
+                "world_size": None,
+                "violations": 0,
+                "totals": {},
+                "report": str(folder / "r-100.json"),
+                "written_at": "2026-12-01T05:00:09.000000Z",
+            },
+        ],
+    }
+
+
+def test_json_merges_sites_across_processes_and_lists_every_process(
+    job: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Per rule and site: the sum, each process's count, the earliest first event; every
+    process, those without a violation and an old report without a host included."""
+    status, out, err = run(capsys, "--format", "json", str(job))
+    assert (status, json.loads(out), err) == (1, expected_json(job), "")
+
+
+def test_text_names_sites_processes_and_stacks(
+    job: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The text view: a headline, each site with its processes and first stacks, then one line
+    per process."""
+    status, out, err = run(capsys, str(job))
+    assert (status, err) == (1, "")
+    assert out.splitlines() == [
+        "cgguard report: 4 processes on 3 hosts: 6 violations at 2 sites",
+        "",
+        "capture_disabled at /job/train.py:40 (in step): 5 in 2 processes",
+        "  node-a pid 101 rank 0: 3",
+        "  node-b pid 201 rank 1: 2",
+        f"  {DISABLED} torch.cuda.graph at /job/train.py:40 (in step) began a capture; capture "
+        "was disabled at /job/train.py:12 (in serve).",
+        "  The capture was attempted at (most recent call last):",
+        '    File "/job/train.py", line 90, in <module>',
+        "      main()",
+        '    File "/job/train.py", line 40, in step',
+        "      with torch.cuda.graph(g):",
+        "",
+        "  Capture was disabled at (most recent call last):",
+        '    File "/job/train.py", line 90, in <module>',
+        "      main()",
+        '    File "/job/train.py", line 12, in serve',
+        "      cgguard.set_capture_enabled(False)",
+        "",
+        "nested_capture at /job/fused.py:7 (in fuse): 1 in 1 process",
+        "  node-a pid 101 rank 0: 1",
+        "  Nested CUDA graph capture is not supported: torch.cuda.graph at /job/fused.py:7 "
+        "(in fuse) began a capture while this thread's capture begun at /job/train.py:39 "
+        "(in step) via torch.cuda.graph is still active.",
+        "  The capture was attempted at (most recent call last):",
+        '    File "/job/train.py", line 90, in <module>',
+        "      main()",
+        '    File "/job/fused.py", line 7, in fuse',
+        "      with torch.cuda.graph(h):",
+        "",
+        "  The outer capture began at (most recent call last):",
+        '    File "/job/train.py", line 90, in <module>',
+        "      main()",
+        '    File "/job/train.py", line 39, in step',
+        "      with torch.cuda.graph(g):",
+        "",
+        "processes:",
+        "  node-a pid 101  rank 0 local_rank 0 world_size 3  capture_disabled 3, "
+        f"nested_capture 1  {job / 'r-101.json'}",
+        f"  node-b pid 201  rank 1 local_rank 0 world_size 3  capture_disabled 2  "
+        f"{job / 'r-201.json'}",
+        f"  node-b pid 202  rank 2 local_rank 1 world_size 3  no violation  {job / 'r-202.json'}",
+        f"  unknown host pid 100  no violation  {job / 'r-100.json'}",
+    ]
+
+
+def table(lines: list[str], heading: str) -> list[list[str]]:
+    """The rows of the Markdown table under ``heading``, split on unescaped bars."""
+    start = lines.index(heading) + 2
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        cells, cell, escaped = [], "", False
+        for char in line.strip()[1:-1]:
+            if escaped:
+                cell, escaped = cell + char, False
+            elif char == "\\":
+                escaped = True
+            elif char == "|":
+                cells.append(cell.strip())
+                cell = ""
+            else:
+                cell += char
+        rows.append([*cells, cell.strip()])
+    return rows
+
+
+def test_markdown_tables_parse(job: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Markdown: a violations table, each site's stacks fenced, a processes table."""
+    write(job, "r-303.json", document(303, [], host="node|c", rank=3))
+    status, out, err = run(capsys, "--format", "Markdown", str(job))
+    assert (status, err) == (1, "")
+    lines = out.splitlines()
+    assert lines[:3] == ["# cgguard report", "", "5 processes on 4 hosts: 6 violations at 2 sites."]
+    assert table(lines, "## Violations") == [
+        ["rule", "site", "count", "processes"],
+        ["---", "---", "---", "---"],
+        [
+            "capture_disabled",
+            "/job/train.py:40 (in step)",
+            "5",
+            "node-a pid 101 rank 0 (3), node-b pid 201 rank 1 (2)",
+        ],
+        ["nested_capture", "/job/fused.py:7 (in fuse)", "1", "node-a pid 101 rank 0 (1)"],
+    ]
+    assert table(lines, "## Processes") == [
+        ["host", "pid", "rank", "local_rank", "world_size", "violations", "report"],
+        ["---"] * 7,
+        ["node-a", "101", "0", "0", "3", "4", str(job / "r-101.json")],
+        ["node-b", "201", "1", "0", "3", "2", str(job / "r-201.json")],
+        ["node-b", "202", "2", "1", "3", "0", str(job / "r-202.json")],
+        ["node|c", "303", "3", "", "", "0", str(job / "r-303.json")],
+        ["unknown host", "100", "", "", "", "0", str(job / "r-100.json")],
+    ]
+    section = lines.index("### nested_capture at /job/fused.py:7 (in fuse)")
+    assert lines[section + 4 : section + 15] == [
+        "```text",
+        "The capture was attempted at (most recent call last):",
+        '  File "/job/train.py", line 90, in <module>',
+        "    main()",
+        '  File "/job/fused.py", line 7, in fuse',
+        "    with torch.cuda.graph(h):",
+        "",
+        "The outer capture began at (most recent call last):",
+        '  File "/job/train.py", line 90, in <module>',
+        "    main()",
+        '  File "/job/train.py", line 39, in step',
+    ]
+
+
+def test_no_violation_exits_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A job whose processes saw no violation passes the gate, and says which were guarded."""
+    write(tmp_path, "a.json", document(7, [], rank=0))
+    write(tmp_path, "b.json", document(8, [], rank=1))
+    status, out, err = run(capsys, "--format", "TEXT", str(tmp_path))
+    assert (status, out, err) == (
+        0,
+        "cgguard report: 2 processes on 1 host: no violation\n\nprocesses:\n"
+        f"  node-a pid 7  rank 0  no violation  {tmp_path / 'a.json'}\n"
+        f"  node-a pid 8  rank 1  no violation  {tmp_path / 'b.json'}\n",
+        "",
+    )
+
+
+def test_files_folders_and_globs_each_read_once(
+    job: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file named directly, through its folder and through a glob counts once."""
+    pattern = str(job.parent / "*" / "r-20?.json")
+    status, out, _ = run(capsys, "--format", "json", str(job / "r-101.json"), pattern, str(job))
+    merged = json.loads(out)
+    assert (status, merged["reports"], [p["pid"] for p in merged["processes"]]) == (
+        1,
+        4,
+        [101, 201, 202, 100],
+    )
+
+
+def test_a_glob_selects_its_matches_only(job: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A glob reads what it matches, a recursive ** included."""
+    status, out, _ = run(capsys, "--format", "json", str(job.parent / "**" / "r-20*.json"))
+    merged = json.loads(out)
+    assert (status, [p["pid"] for p in merged["processes"]], merged["totals"]) == (
+        1,
+        [201, 202],
+        {"capture_disabled": 2},
+    )
+
+
+REPORT = document(9, [])
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        pytest.param(
+            "{",
+            "not JSON (Expecting property name enclosed in double quotes: "
+            "line 1 column 2 (char 1))",
+            id="not JSON",
+        ),
+        pytest.param("[]", "a JSON list, not an object", id="a list"),
+        pytest.param({"pid": 1}, 'no "cgguard" version', id="no version"),
+        pytest.param({**REPORT, "pid": "9"}, '"pid" is not a whole number', id="pid as text"),
+        pytest.param({**REPORT, "host": 3}, '"host" is not text', id="host a number"),
+        pytest.param({**REPORT, "rank": [0]}, '"rank" is neither a number nor text', id="rank"),
+        pytest.param(
+            {**REPORT, "totals": {"x": "1"}}, '"totals" is not an object of counts', id="totals"
+        ),
+        pytest.param({**REPORT, "violations": {}}, '"violations" is not a list', id="violations"),
+        pytest.param(
+            {**REPORT, "violations": [{"rule": "capture_disabled", "count": 0, "first": {}}]},
+            'violations[0]: "count" is not a positive whole number',
+            id="count zero",
+        ),
+        pytest.param(
+            {**REPORT, "violations": [{"rule": "capture_disabled", "count": 1, "first": {}}]},
+            'violations[0]: "first" has no stack of frames',
+            id="no stack",
+        ),
+    ],
+)
+def test_a_file_that_is_not_a_report_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: Any, reason: str
+) -> None:
+    """Not JSON, or not the report's schema: status 2 and one line naming the file."""
+    good = write(tmp_path, "good.json", document(1, []))
+    bad = write(tmp_path, "bad.json", content)
+    assert run(capsys, str(good), str(bad)) == (
+        2,
+        "",
+        f"cgguard report: '{bad}': not a cgguard report: {reason}\n",
+    )
+
+
+def test_paths_that_name_no_report_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Missing, unreadable, an empty folder, a glob matching nothing, text that is not UTF-8."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    unreadable = tmp_path / "full" / "dir.json"  # a folder named like a report: open() fails
+    unreadable.mkdir(parents=True)
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe{")
+    cases = {
+        str(tmp_path / "missing.json"): "no such file or folder",
+        str(empty): "a folder with no cgguard report (*.json)",
+        str(tmp_path / "nothing-*.json"): "no file matches this pattern",
+        str(binary): "not a cgguard report: not UTF-8 text",
+    }
+    for path, reason in cases.items():
+        assert run(capsys, path) == (2, "", f"cgguard report: '{path}': {reason}\n"), path
+    assert run(capsys, str(unreadable.parent)) == (
+        2,
+        "",
+        f"cgguard report: '{unreadable}': cannot be read: Is a directory\n",
+    )
+
+
+def test_a_bad_format_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
+    """--format takes text, json or markdown; anything else stops with status 2."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["report", "--format", "yaml", "x.json"])
+    err = capsys.readouterr().err
+    assert (stopped.value.code, err.splitlines()[-1]) == (
+        2,
+        "cgguard report: error: argument --format: invalid choice: 'yaml' "
+        "(choose from 'text', 'json', 'markdown')",
+    )
+
+
+def test_a_rule_unknown_here_is_merged_with_its_stack(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A report from a newer cgguard, with a rule this one does not know, still merges."""
+    event = {"rule": "future_rule", "message": "m", "timestamp": "t", "stack": [TRAIN]}
+    write(tmp_path, "r.json", document(5, [{"rule": "future_rule", "count": 2, "first": event}]))
+    status, out, _ = run(capsys, str(tmp_path))
+    assert (status, out.splitlines()[2:8]) == (
+        1,
+        [
+            "future_rule at /job/train.py:40 (in step): 2 in 1 process",
+            "  node-a pid 5: 2",
+            "  m",
+            "  The call was made at (most recent call last):",
+            '    File "/job/train.py", line 40, in step',
+            "      with torch.cuda.graph(g):",
+        ],
+    )
+
+
+TORCHRUN_PROGRAM = """\
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+import cgguard
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+print(json.dumps({"rank": rank, "pid": os.getpid()}), flush=True)
+if rank == 1:
+    cgguard.set_capture_enabled(False)
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):  # rank-1-only
+        pass
+total = torch.ones(1)
+dist.all_reduce(total)
+assert total.item() == 2
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.simulated
+def test_a_torchrun_job_merges_into_one_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """cgguard run torchrun --nproc-per-node 2 (gloo, CPU): rank 1 violates, rank 0 does not;
+    the merged report names rank 1's site and lists both ranks and the launcher."""
+    program = tmp_path / "ranked_program.py"
+    program.write_text(TORCHRUN_PROGRAM)
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    command = [sys.executable, "-m", "cgguard", "run", "--simulate-cuda", "--mode", "log"]
+    command += ["--report", str(folder / "r-{pid}.json"), "--log-file", str(tmp_path / "log")]
+    command += [torchrun, "--standalone", "--nproc-per-node", "2", str(program)]
+    result = subprocess.run(
+        command, env=clean_environ(), capture_output=True, text=True, timeout=240, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    pids = {line["rank"]: line["pid"] for line in map(json.loads, result.stdout.splitlines())}
+    status, out, err = run(capsys, "--format", "json", str(folder))
+    merged = json.loads(out)
+    host = socket.gethostname()
+    assert (status, err) == (1, "")
+    # The launcher is guarded too: torchrun imports torch. It has no rank.
+    assert [
+        (p["host"], p["rank"], p["world_size"], p["violations"]) for p in merged["processes"]
+    ] == [
+        (host, 0, 2, 0),
+        (host, 1, 2, 1),
+        (host, None, None, 0),
+    ]
+    assert [p["pid"] for p in merged["processes"][:2]] == [pids[0], pids[1]]
+    site = SourceFile(program).frame("rank-1-only", "<module>")
+    (violation,) = merged["violations"]
+    assert (
+        violation["rule"],
+        violation["site"],
+        violation["count"],
+        violation["processes"],
+        violation["first"]["stack"][-1],
+    ) == (
+        "capture_disabled",
+        site,
+        1,
+        [{"host": host, "pid": pids[1], "rank": 1, "count": 1}],
+        site,
+    )
+
+
+def test_a_fence_in_the_code_does_not_end_the_markdown_block(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stack line of backticks gets a longer fence around it."""
+    odd = frame("/job/doc.py", 3, "f", "```")
+    event = {"rule": "future_rule", "message": "m", "timestamp": "t", "stack": [odd]}
+    write(tmp_path, "r.json", document(5, [{"rule": "future_rule", "count": 1, "first": event}]))
+    _, out, _ = run(capsys, "--format", "markdown", str(tmp_path))
+    lines = out.splitlines()
+    start = lines.index("````text")
+    assert lines[start : start + 5] == [
+        "````text",
+        "The call was made at (most recent call last):",
+        '  File "/job/doc.py", line 3, in f',
+        "    ```",
+        "````",
+    ]
