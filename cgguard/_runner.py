@@ -13,8 +13,19 @@ import shutil
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from cgguard import _exempt
 from cgguard._rules import ACTIONS, NAMES
-from cgguard._settings import BOOL, ENABLED, PATH, RULE_PREFIX, SETTINGS, accepted, is_path, shown
+from cgguard._settings import (
+    BOOL,
+    ENABLED,
+    EXEMPT,
+    PATH,
+    RULE_PREFIX,
+    SETTINGS,
+    accepted,
+    is_path,
+    shown,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -67,6 +78,15 @@ def run_parser() -> argparse.ArgumentParser:
                 metavar="PATH",
                 help=f"sets {setting.variable}",
             )
+        elif setting.choices is EXEMPT:
+            parser.add_argument(
+                setting.option,
+                dest=setting.field,
+                action="append",
+                type=_exemptions,
+                metavar="RULE=PLACE",
+                help=f"exemptions, {accepted(EXEMPT)}; repeatable; sets {setting.variable}",
+            )
         else:
             parser.add_argument(
                 setting.option,
@@ -90,6 +110,21 @@ def _path(text: str) -> str:
     # Blank is refused as well as empty: the program would read a blank variable as unset.
     if not is_path(text):
         raise argparse.ArgumentTypeError(f"{shown(text)}: accepted values are {accepted(PATH)}")
+    return text
+
+
+def _exemptions(text: str) -> str:
+    # Every entry must hold, as every other option's value must: the runner stops on a typo
+    # rather than let the program warn and run without the exemption.
+    pairs, refused = _exempt.parse(text)
+    if refused:
+        entry, reason = refused[0]
+        syntax = _exempt.SYNTAX
+        raise argparse.ArgumentTypeError(f"{shown(entry)}: {reason}; an entry is {syntax}")
+    if not pairs:
+        raise argparse.ArgumentTypeError(
+            f"{shown(text)}: no exemption; an entry is {_exempt.SYNTAX}"
+        )
     return text
 
 
@@ -177,6 +212,9 @@ def program_environ(options: argparse.Namespace, environ: Mapping[str, str]) -> 
         if setting.choices is BOOL:
             if value:  # a switch away from the default
                 env[setting.variable] = "0" if setting.default else "1"
+        elif setting.choices is EXEMPT:
+            if value:  # repeated: one entry list, as the variable holds it
+                env[setting.variable] = _exempt.SEPARATOR.join(value)
         elif value is not None:
             env[setting.variable] = value
     for rule, action in options.rule:
