@@ -142,10 +142,11 @@ def parse_file(
     could not be read at all, if it could not (nothing of it applies then).
     """
     try:
-        with open(path, "rb") as handle:
-            # fstat, not a stat of the path first: a FIFO would block open() only for a writer
-            # that never comes, so it is refused by what the open file is.
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+        # O_NONBLOCK: a FIFO at the path would block a plain open until a writer came, and
+        # start-up with it. What the open file is decides, not a stat of the path before.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with open(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
                 return [], [], "not a regular file"
             data = handle.read(LONGEST_FILE + 1)
     except OSError as exc:
