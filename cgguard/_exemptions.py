@@ -105,11 +105,14 @@ class Modules:
         modules = list(sys.modules.values())
         for module in modules:
             try:
-                filename = getattr(module, "__file__", None)
+                # From the module's own namespace: getattr would call a module __getattr__
+                # (PEP 562), which may import, for a module without a __file__.
+                namespace = vars(module)
+                filename = namespace.get("__file__")
                 # The module's own name, not its key: a module aliased under a second name
                 # (vllm.compilation.monitor, in vLLM's main branch) is known by its real one.
-                name = getattr(module, "__name__", None)
-            except Exception:  # noqa: S112 - a lazy module whose attributes fail: not this one
+                name = namespace.get("__name__")
+            except Exception:  # noqa: S112 - not a module (sys.modules may hold anything)
                 continue
             if isinstance(filename, str) and isinstance(name, str):
                 by_file.setdefault(filename, name)

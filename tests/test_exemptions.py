@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -551,3 +552,46 @@ def test_summary_and_report_count_exempted_captures(tmp_path: Path) -> None:
             for e in document["exempted"]
         ],
     )
+
+
+# The exemptions docs/exemptions.md gives for inductor's own captures, in torch 2.13:
+# Benchmarker.benchmark_gpu_with_cuda_graph (torch/_inductor/runtime/benchmarking.py) captures
+# the kernel autotuning benchmarks; CUDAGraphTreeManager.__init__
+# (torch/_inductor/cudagraph_trees.py) captures an empty graph to keep its memory pool alive.
+AUTOTUNING = (
+    "capture_disabled=torch._inductor.runtime.benchmarking:"
+    "Benchmarker.benchmark_gpu_with_cuda_graph"
+)
+TREE_MANAGER = "capture_disabled=torch._inductor.cudagraph_trees:CUDAGraphTreeManager.__init__"
+
+
+@pytest.mark.parametrize("exempted", [True, False], ids=["exempted", "not exempted"])
+def test_inductors_own_captures_by_the_documented_exemptions(
+    runtime: Runtime, exempted: bool
+) -> None:
+    """torch's own autotuning benchmark and cudagraph-tree manager capture while capture is
+    disabled when exempted as the documentation says, and are refused when not."""
+    with warnings.catch_warnings():
+        # Importing inductor warns that torch.jit.script_method is deprecated (torch 2.13).
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from torch._inductor import cudagraph_trees
+        from torch._inductor.runtime.benchmarking import Benchmarker
+
+    install(f"{AUTOTUNING};{TREE_MANAGER}" if exempted else ())
+    x = runtime.tensor()
+    with cgguard.capture_disabled():
+        # The base Benchmarker times nothing itself: its benchmark_gpu, after the capture,
+        # raises NotImplementedError.
+        refused: type[BaseException] = (
+            NotImplementedError if exempted else cgguard.CaptureDisabledError
+        )
+        with pytest.raises(refused):
+            Benchmarker().benchmark_gpu_with_cuda_graph(lambda: x.add_(1))
+        if exempted:
+            cudagraph_trees.CUDAGraphTreeManager(x.device.index or 0)
+        else:
+            with pytest.raises(cgguard.CaptureDisabledError):
+                cudagraph_trees.CUDAGraphTreeManager(x.device.index or 0)
+    status = cgguard.status()
+    expected = ({}, {"capture_disabled": 2}) if exempted else ({"capture_disabled": 2}, {})
+    assert expected == (status.violations, status.exempted)
