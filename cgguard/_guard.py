@@ -475,7 +475,10 @@ class Guard:
             if self.log is not None:
                 self.log.emit(site.first)
         if self.report is not None:
-            self.report.changed(new_site=count == 1)
+            # As a count, never as a new site: a violation's new site is on disk before the
+            # program goes on, which costs a write per site; what an exemption let through
+            # follows within half a second, and never costs the capture a write.
+            self.report.changed(new_site=False)
 
     def _report_each(
         self,

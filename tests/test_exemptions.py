@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -595,3 +596,49 @@ def test_inductors_own_captures_by_the_documented_exemptions(
     status = cgguard.status()
     expected = ({}, {"capture_disabled": 2}) if exempted else ({"capture_disabled": 2}, {})
     assert expected == (status.violations, status.exempted)
+
+
+def test_report_follows_exempted_counts_while_running(
+    runtime: Runtime, make_module: Make, tmp_path: Path
+) -> None:
+    """The report on disk gains exempted counts within a second, before any exit or uninstall."""
+    kernels = make_module("exempt_live_o", KERNELS)
+    report = tmp_path / "report.json"
+    install("capture_disabled=exempt_live_o", report=str(report), log_file=os.devnull)
+    with cgguard.capture_disabled():
+        for _ in range(2):
+            kernels.Kernel().run()
+    deadline = time.monotonic() + 5
+    document: dict[str, Any] = {}
+    while document.get("exempted_totals") != {"capture_disabled": 2}:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+        try:
+            document = json.loads(report.read_text())
+        except (OSError, ValueError):
+            document = {}
+    found = (document.get("exempted_totals"), document.get("totals"), document.get("exempted"))
+    assert (found[0], found[1], len(found[2] or [])) == ({"capture_disabled": 2}, {}, 1)
+
+
+def test_summary_of_a_run_that_only_exempted_is_info(
+    runtime: Runtime, make_module: Make, tmp_path: Path
+) -> None:
+    """A run whose every broken rule was exempted still gets its exit summary, at info level."""
+    from cgguard import _install
+
+    kernels = make_module("exempt_info_p", KERNELS)
+    log = tmp_path / "events.jsonl"
+    install("capture_disabled=exempt_info_p", log_file=str(log))
+    with cgguard.capture_disabled():
+        kernels.Kernel().run()
+    _install._at_exit()  # what the interpreter's exit runs
+    summary = json.loads(log.read_text().splitlines()[-1])
+    expected = ("cgguard.summary", "info", {}, {"capture_disabled": 1})
+    assert expected == (
+        summary["event"],
+        summary["level"],
+        summary["totals"],
+        summary["exempted_totals"],
+    )
