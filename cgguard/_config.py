@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Literal, NoReturn, cast
 
-from cgguard import _settings
+from cgguard import _exempt, _settings
 from cgguard._errors import ConfigError
 from cgguard._rules import ACTIONS, NAMES, RULES
-from cgguard._settings import BOOL, PATH, SETTINGS, Setting, is_path, shown
+from cgguard._settings import BOOL, EXEMPT, PATH, SETTINGS, Setting, is_path, shown
 from cgguard._warn import warn_once
 
 Mode = Literal["raise", "log"]
@@ -18,6 +18,9 @@ Action = Literal["raise", "log", "off"]
 LogFormat = Literal["json", "console"]
 LogTarget = Literal["stderr", "file", "logging"]
 Capture = Literal["enabled", "disabled"]
+# What Config(exempt=...) takes: "RULE=PLACE" entries (";" between them in one str), (rule,
+# place) pairs, or a mapping of rule to places. It keeps the pairs.
+Exempt = str | Iterable[str | tuple[str, str]] | Mapping[str, str | Iterable[str]] | None
 
 
 class Rules(dict[str, Action]):
@@ -52,6 +55,10 @@ class Config:
     str. ``capture``: the capture flag's value at install (None
     leaves it as it is). ``simulate_cuda``: put the simulated CUDA runtime in place at
     activation. ``vllm_bridge``: follow vLLM's capture flag when vLLM is imported.
+    ``exempt``: exemptions, kept as (rule, place) pairs: a capture that breaks the rule goes
+    ahead, counted, when the place (a module, a file glob or ``module:qualname``) is on its
+    stack; given as "RULE=PLACE" entries (";" between them), pairs, or a mapping of rule to
+    places. ``exempt_file``: a file of more exemptions, read at install (docs/exemptions.md).
     """
 
     # The types are here for type checkers; values and defaults come from cgguard._settings.
@@ -64,6 +71,8 @@ class Config:
     capture: Capture | None = dataclasses.field(default=SETTINGS["capture"].default)
     simulate_cuda: bool = dataclasses.field(default=SETTINGS["simulate_cuda"].default)
     vllm_bridge: bool = dataclasses.field(default=SETTINGS["vllm_bridge"].default)
+    exempt: tuple[tuple[str, str], ...] = dataclasses.field(default=SETTINGS["exempt"].default)
+    exempt_file: str | None = dataclasses.field(default=SETTINGS["exempt_file"].default)
 
     if TYPE_CHECKING:
         # What type checkers see of the __init__ that dataclasses writes: it takes the paths
@@ -79,6 +88,8 @@ class Config:
             capture: Capture | None = ...,
             simulate_cuda: bool = ...,
             vllm_bridge: bool = ...,
+            exempt: Exempt = ...,
+            exempt_file: str | os.PathLike[str] | None = ...,
         ) -> None: ...
 
     def __post_init__(self) -> None:
@@ -101,7 +112,8 @@ class Config:
     def as_dict(self) -> dict[str, object]:
         """The configuration as plain JSON-ready values."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return fields | {"rules": dict(self.rules)}
+        exempt = [_exempt.text(pair) for pair in self.exempt]
+        return fields | {"rules": dict(self.rules), "exempt": exempt}
 
     def target(self) -> LogTarget:
         """Where events go: the explicit target, else the file when one is set, else stderr."""
@@ -132,6 +144,8 @@ def _checked(setting: Setting, value: object) -> object:
     Never another exception: a value whose own methods fail (``__fspath__``, ``__eq__``,
     ``__repr__``) is refused like any other.
     """
+    if setting.choices is EXEMPT:
+        return _checked_exempt(value)
     try:
         kept = _plain(setting, value)
     except Exception as exc:
@@ -175,6 +189,25 @@ def _refused(setting: Setting, value: object) -> ConfigError:
         accepted = ", ".join(repr(c) for c in setting.choices)
         accepted = f"None, {accepted}" if setting.default is None else accepted
     return ConfigError(f"Config({setting.field}={shown(value)}): accepted values are {accepted}")
+
+
+def _checked_exempt(value: object) -> tuple[tuple[str, str], ...]:
+    """Exemptions as a Config keeps them: (rule, place) pairs; else ConfigError naming why."""
+    try:
+        return _exempt.normalize(value)
+    except Exception as exc:  # EntryError for what is refused; anything from a value's methods
+        if isinstance(exc, _exempt.EntryError):
+            entry, reason = exc.entry, exc.reason
+            reason = reason if entry is value else f"entry {shown(entry)}: {reason}"
+        else:
+            reason = f"{exc!r}"
+        if "no rule " not in reason:  # that reason lists the rules accepted already
+            reason += (
+                "; accepted values are None, RULE=PLACE entries (';' between them in a str), "
+                "(rule, place) pairs or a mapping of rule to places, PLACE "
+                + _exempt.SYNTAX.partition("PLACE ")[2]
+            )
+        raise ConfigError(f"Config(exempt={shown(value)}): {reason}") from exc
 
 
 def _checked_rules(rules: object) -> Rules:

@@ -14,9 +14,12 @@ from cgguard._rules import RULES, Cause
 from cgguard._version import __version__, distribution_version
 
 if TYPE_CHECKING:
+    from types import CodeType
+
     from typing_extensions import NotRequired
 
     from cgguard._config import Config
+    from cgguard._exemptions import Tally
     from cgguard._frames import Snapshot
     from cgguard._ledger import Ledger, Site
 
@@ -55,6 +58,25 @@ class ViolationEvent(_Ranked):
     site: NotRequired[FrameInfo | None]  # a repeat only, in place of the stacks
 
 
+class ExemptedEvent(_Ranked):
+    """``cgguard.capture_exempted``: the first capture an exemption let through at a site."""
+
+    event: str
+    level: str  # "debug"
+    rule: str
+    action: str  # "exempted"
+    api: str
+    message: str
+    exemption: str  # the exemption that matched, as written: "capture_disabled=torch._inductor."
+    matched: FrameInfo  # the frame it matched, torch's own included
+    count: int
+    thread: str
+    thread_id: int | None
+    pid: int
+    timestamp: str
+    stack: list[FrameInfo]
+
+
 class SiteCount(TypedDict):
     """One site in the exit summary."""
 
@@ -65,15 +87,23 @@ class SiteCount(TypedDict):
     function: str | None
 
 
+class ExemptedSiteCount(SiteCount):
+    """One site of exempted captures in the exit summary, with the exemption that matched."""
+
+    exemption: str
+
+
 class SummaryEvent(_Ranked):
     """``cgguard.summary``: the run's counts per rule and per site, at exit."""
 
     event: str
-    level: str
+    level: str  # "warning"; "info" when every capture seen was exempted
     pid: int
     timestamp: str
     totals: dict[str, int]
     sites: list[SiteCount]
+    exempted_totals: NotRequired[dict[str, int]]  # where an exemption let a capture through
+    exempted_sites: NotRequired[list[ExemptedSiteCount]]
 
 
 class ReportViolation(TypedDict):
@@ -82,6 +112,15 @@ class ReportViolation(TypedDict):
     rule: str
     count: int
     first: ViolationEvent
+
+
+class ReportExempted(TypedDict):
+    """Captures an exemption let through at one site, in the JSON report."""
+
+    rule: str
+    count: int
+    exemption: str
+    first: ExemptedEvent
 
 
 class ReportDocument(_Ranked):
@@ -96,6 +135,8 @@ class ReportDocument(_Ranked):
     config: dict[str, object]
     totals: dict[str, int]
     violations: list[ReportViolation]
+    exempted_totals: dict[str, int]
+    exempted: list[ReportExempted]
     job: NotRequired[str]  # the run sharing a report path without {pid}
 
 
@@ -185,27 +226,54 @@ def repeat(site: Site, count: int, top: FrameInfo | None) -> ViolationEvent:
     return cast("ViolationEvent", event)
 
 
-def summary(ledger: Ledger) -> SummaryEvent:
-    """The ``cgguard.summary`` event: counts per rule and per site."""
-    sites: list[SiteCount] = []
-    for site in ledger.sites():
-        top = ledger.where(site)
-        sites.append(
-            {
-                "rule": site.rule,
-                "count": site.count,
-                "file": top["file"] if top else None,
-                "line": top["line"] if top else None,
-                "function": top["function"] if top else None,
-            }
-        )
-    event: dict[str, object] = {"event": "cgguard.summary", "level": "warning", "pid": os.getpid()}
+def exempted(
+    rule: str, api: str, stack: Snapshot, exemption: str, matched: FrameInfo
+) -> ExemptedEvent:
+    """The first capture ``exemption`` let through at a site, logged at debug level."""
+    event = _common(rule, api, "exempted", 1)
+    event.update(event="cgguard.capture_exempted", level="debug")
+    frames = render(stack)
+    at = where([matched])
+    event["message"] = f"{rule} exempted by {exemption} (matched {at}): {api} at {where(frames)}"
+    event.update(exemption=exemption, matched=matched, count=1)
+    event["stack"] = frames
+    return cast("ExemptedEvent", event)
+
+
+def _site_count(rule: str, count: int, top: FrameInfo | None) -> SiteCount:
+    return {
+        "rule": rule,
+        "count": count,
+        "file": top["file"] if top else None,
+        "line": top["line"] if top else None,
+        "function": top["function"] if top else None,
+    }
+
+
+def summary(ledger: Ledger, exempt: Tally | None = None) -> SummaryEvent:
+    """The ``cgguard.summary`` event: counts per rule and per site, and of exempted captures."""
+    sites = [_site_count(site.rule, site.count, ledger.where(site)) for site in ledger.sites()]
+    exempted = exempt.sites() if exempt is not None else []
+    level = "warning" if sites or not exempted else "info"
+    event: dict[str, object] = {"event": "cgguard.summary", "level": level, "pid": os.getpid()}
     event.update(ranks())
     event.update(timestamp=timestamp(time.time()), totals=ledger.totals(), sites=sites)
+    if exempt is not None and exempted:
+        event["exempted_totals"] = exempt.totals()
+        event["exempted_sites"] = [
+            {**_site_count(s.rule, s.count, _where(s.code, s.lasti)), "exemption": s.exemption}
+            for s in exempted
+        ]
     return cast("SummaryEvent", event)
 
 
-def document(config: Config, ledger: Ledger) -> ReportDocument:
+def _where(code: CodeType | None, lasti: int) -> FrameInfo | None:
+    """The user's frame at (code, lasti), rendered."""
+    frames = render((code, lasti)) if code is not None else []
+    return frames[-1] if frames else None
+
+
+def document(config: Config, ledger: Ledger, exempt: Tally | None = None) -> ReportDocument:
     """The JSON report as a JSON-ready value."""
     violations: list[ReportViolation] = [
         {"rule": site.rule, "count": site.count, "first": site.first}
@@ -225,5 +293,11 @@ def document(config: Config, ledger: Ledger) -> ReportDocument:
         config=config.as_dict(),
         totals=ledger.totals(),
         violations=violations,
+        exempted_totals=exempt.totals() if exempt is not None else {},
+        exempted=[
+            {"rule": s.rule, "count": s.count, "exemption": s.exemption, "first": s.first}
+            for s in (exempt.sites() if exempt is not None else [])
+            if s.first is not None
+        ],
     )
     return cast("ReportDocument", doc)

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
     from cgguard._config import Action, Config
     from cgguard._events import ViolationEvent
+    from cgguard._exemptions import Exemptions, Match
     from cgguard._frames import LiveStack, Snapshot
     from cgguard._log import EventLog
     from cgguard._report import ReportFile
@@ -541,6 +542,11 @@ class Guard:
                 _, _, api, _, stack = record
                 self._violated([("abandoned_capture", record)], api, stack, refuse=False)
 
+    # The exemptions in effect (cgguard._exemptions), set by install(); None: none, and then no
+    # stack is ever matched. Consulted only here, once a rule is found broken: an exemption
+    # costs the capture path nothing.
+    exempt: Exemptions | None = None
+
     def _violated(
         self,
         found: Found,
@@ -552,17 +558,20 @@ class Guard:
     ) -> CaptureViolation | None:
         """Count and report each violation; return the error to raise, if an action says raise.
 
-        Refusal is decided first, from the configuration alone. With ``refuse`` false (too late
-        to refuse), a raise action is reported as logged.
+        Refusal is decided first, from the configuration and the exemptions alone. With
+        ``refuse`` false (too late to refuse), a raise action is reported as logged. An
+        exempted violation is counted as exempted, and neither raised nor reported.
         """
         acting: list[tuple[str, Record | None, Action]] = []
-        refusing: str | None = None
         for rule, cause in found:
             action = self.config.action(rule)
             if action != "off":
                 acting.append((rule, cause, action))
-                if refuse and action == "raise" and refusing is None:
-                    refusing = rule
+        if self.exempt is not None and acting:
+            acting, stack = self._exempted(acting, api, stack, self.exempt)
+        if not acting:
+            return None
+        refusing = next((r for r, _, a in acting if refuse and a == "raise"), None)
         try:
             return self._report_each(acting, api, stack, refuse=refuse, why=why)
         except Exception as exc:
@@ -572,6 +581,49 @@ class Guard:
             # Refused all the same, with what is known without the report.
             message = f"{refusing}: {api} refused (cgguard could not build the report: {exc!r})"
             return RULES[refusing].error(message, {"rule": refusing, "api": api})
+
+    def _exempted(
+        self,
+        acting: list[tuple[str, Record | None, Action]],
+        api: str,
+        stack: Snapshot | LiveStack,
+        exempt: Exemptions,
+    ) -> tuple[list[tuple[str, Record | None, Action]], Snapshot | LiveStack]:
+        """The violations no exemption lets through, and the stack, walked if it was matched.
+
+        Each one exempted is counted, logged at debug level the first time at its site, and
+        told to the report. A failure to match is one warning, and the violation stands.
+        """
+        try:
+            if not any(exempt.covers(rule) for rule, _, _ in acting):
+                return acting, stack
+            stack = resolve(stack)
+            matched = [(item, exempt.match(item[0], stack)) for item in acting]
+        except Exception as exc:
+            warn_once("guard:exempt", f"internal error while matching exemptions: {exc!r}")
+            return acting, stack
+        for (rule, _, _), match in matched:
+            if match is not None:
+                try:
+                    self._count_exempted(rule, api, stack, match, exempt)
+                except Exception as exc:
+                    warn_once("guard:exempted", f"could not count an exempted capture: {exc!r}")
+        return [item for item, match in matched if match is None], stack
+
+    def _count_exempted(
+        self, rule: str, api: str, stack: Snapshot, match: Match, exempt: Exemptions
+    ) -> None:
+        code, lasti = innermost_visible(stack)
+        site, count = exempt.tally.count(rule, code, lasti, api, match.exemption)
+        if count == 1:
+            site.first = _events.exempted(rule, api, stack, match.exemption, match.frame())
+            if self.log is not None:
+                self.log.emit(site.first)
+        if self.report is not None:
+            # As a count, never as a new site: a violation's new site is on disk before the
+            # program goes on, which costs a write per site; what an exemption let through
+            # follows within half a second, and never costs the capture a write.
+            self.report.changed(new_site=False)
 
     def _report_each(
         self,

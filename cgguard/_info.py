@@ -9,7 +9,7 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING
 
-from cgguard import _settings
+from cgguard import _exempt, _settings
 from cgguard._config import Config
 from cgguard._rules import NAMES, RULES
 from cgguard._runner import BOOT_DIR, program_environ, run_parser
@@ -43,10 +43,18 @@ def _configuration(environ: Mapping[str, str]) -> list[str]:
     lines = [f"  {'enabled':<14} {enabled or '(unset)':<12} ({_settings.ENABLED})"]
     for field, setting in _settings.SETTINGS.items():
         value = getattr(config, field)
+        if field == "exempt" and value:
+            # One line each, as the rules: the exemptions file's follow its own line.
+            source = sources.get(field, "default")
+            lines += [f"  {field:<14} {_exempt.text(pair)} ({source})" for pair in value]
+            continue
         shown = value
-        if value is None:
+        if value is None or value == ():
             shown = config.target() if field == "log_target" else setting.unset
         lines.append(f"  {field:<14} {shown!s:<12} ({_source(field, sources)})")
+        if field == "exempt_file" and value is not None:
+            found = _settings.exemptions_file(value)[0]
+            lines += [f"  {'exempt':<14} {_exempt.text(pair)} ({value})" for pair in found]
     for rule in NAMES:
         lines.append(f"  {'rule':<14} {rule}: {config.action(rule)} ({_source(rule, sources)})")
     lines += [f"  warning: {line}" for line in problems]

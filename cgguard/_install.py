@@ -11,7 +11,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, NamedTuple
 
-from cgguard import _events, _follow, _guard, _startup
+from cgguard import _events, _exemptions, _follow, _guard, _settings, _startup
 from cgguard._config import Config
 from cgguard._errors import ConfigError
 from cgguard._guard import FLAG, Guard
@@ -51,6 +51,10 @@ class Status:
     captures: tuple[CaptureInfo, ...]  # captures begun and not yet ended, on any thread
     violations: dict[str, int]  # violations seen per rule, since install
     config: Config | None
+    # Captures an exemption let through, per rule, since install; not among the violations.
+    exempted: dict[str, int] = dataclasses.field(default_factory=dict)
+    # The exemptions in effect, as written: Config(exempt=...) and the exemptions file's.
+    exemptions: tuple[str, ...] = ()
 
 
 def install(config: Config | None = None) -> None:
@@ -139,7 +143,15 @@ def status() -> Status:
             ),
             violations=guard.ledger.totals(),
             config=guard.config,
+            exempted=guard.exempt.tally.totals() if guard.exempt is not None else {},
+            exemptions=tuple(_exempt_texts(guard.exempt)),
         )
+
+
+def _exempt_texts(exempt: _exemptions.Exemptions | None) -> list[str]:
+    from cgguard._exempt import text
+
+    return [text(pair) for pair in exempt.pairs] if exempt is not None else []
 
 
 def _configure(guard: Guard | None, config: Config) -> Guard:
@@ -154,11 +166,25 @@ def _configure(guard: Guard | None, config: Config) -> Guard:
         if guard.report is not None:
             guard.report.close()
         guard.config, guard.log = config, log
-    guard.report = ReportFile(config, guard.ledger) if config.report is not None else None
+    guard.exempt = _exemptions.configured(_exemptions_of(config), guard.exempt)
+    tally = guard.exempt.tally if guard.exempt is not None else None
+    guard.report = ReportFile(config, guard.ledger, tally) if config.report is not None else None
     if config.capture is not None:
         FLAG.set(config.capture == "enabled", None)
     _follow.follow_vllm(config.vllm_bridge)
     return guard
+
+
+def _exemptions_of(config: Config) -> list[tuple[str, str]]:
+    """The configuration's exemptions and its exemptions file's; each line of the file that is
+    ignored, or the whole file, is one warning."""
+    pairs = list(config.exempt)
+    if config.exempt_file is not None:
+        found, problems = _settings.exemptions_file(config.exempt_file)
+        for line in problems:
+            warn_once(line, line)
+        pairs += [pair for pair in found if pair not in pairs]
+    return pairs
 
 
 def _register_process_hooks() -> None:
@@ -176,6 +202,8 @@ def _after_fork() -> None:
     _lock = threading.RLock()
     if _guard.current is not None:
         _guard.current.forget_run()
+        if _guard.current.exempt is not None:
+            _guard.current.exempt.tally.after_fork()
 
 
 def _at_exit() -> None:
@@ -184,8 +212,10 @@ def _at_exit() -> None:
     if guard is None:
         return
     try:
-        if guard.ledger.sites() and guard.log is not None:
-            guard.log.emit(_events.summary(guard.ledger))
+        tally = guard.exempt.tally if guard.exempt is not None else None
+        seen = guard.ledger.sites() or (tally is not None and tally.sites())
+        if seen and guard.log is not None:
+            guard.log.emit(_events.summary(guard.ledger, tally))
         if guard.report is not None:
             guard.report.close()
     except Exception as exc:

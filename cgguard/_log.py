@@ -34,7 +34,7 @@ class _StderrSink:
         stream.write(message + "\n")
         stream.flush()
 
-    error = warning = msg
+    error = warning = info = debug = msg
 
 
 class _FileSink:
@@ -68,7 +68,7 @@ class _FileSink:
                     os.write(self.fd, b"\n")
             raise
 
-    error = warning = msg
+    error = warning = info = debug = msg
 
     def close(self) -> None:
         if self.fd is not None:
@@ -92,6 +92,13 @@ class _LoggingSink:
 
     def warning(self, message: str, event: dict[str, object]) -> None:
         self._log(30, message, event)
+
+    # The exit summary of a run whose captures were all exempted, and exempted captures.
+    def info(self, message: str, event: dict[str, object]) -> None:
+        self._log(20, message, event)
+
+    def debug(self, message: str, event: dict[str, object]) -> None:
+        self._log(10, message, event)
 
 
 _ORIGINAL = "__cgguard_event__"

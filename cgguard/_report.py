@@ -25,6 +25,7 @@ from cgguard._warn import warn_once
 
 if TYPE_CHECKING:
     from cgguard._config import Config
+    from cgguard._exemptions import Tally
     from cgguard._ledger import Ledger
 
 # How long counts may lag behind on disk, at most.
@@ -48,10 +49,11 @@ def expand(template: str) -> str:
 class ReportFile:
     """Where one installation writes its report, and the thread that keeps it current."""
 
-    def __init__(self, config: Config, ledger: Ledger) -> None:
+    def __init__(self, config: Config, ledger: Ledger, exempt: Tally | None = None) -> None:
         assert config.report is not None  # noqa: S101 - made only for a configured report
         self.config = config
         self.ledger = ledger
+        self.exempt = exempt  # captures let through by exemptions, counted beside the ledger
         # Resolved once: a program that changes directory must not scatter its reports.
         self.template = os.path.abspath(config.report)
         self.job: str | None = None  # the run sharing this path, where the path has no {pid}
@@ -118,7 +120,7 @@ class ReportFile:
             with self._lock:
                 if not self._may_replace(path):
                     return
-                body = document(self.config, self.ledger)
+                body = document(self.config, self.ledger, self.exempt)
                 if self.job is not None:
                     body["job"] = self.job
                 text = json.dumps(body, indent=2) + "\n"

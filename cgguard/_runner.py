@@ -14,8 +14,19 @@ import shutil
 import sys
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
+from cgguard import _exempt
 from cgguard._rules import ACTIONS, NAMES
-from cgguard._settings import BOOL, ENABLED, PATH, RULE_PREFIX, SETTINGS, accepted, is_path, shown
+from cgguard._settings import (
+    BOOL,
+    ENABLED,
+    EXEMPT,
+    PATH,
+    RULE_PREFIX,
+    SETTINGS,
+    accepted,
+    is_path,
+    shown,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -65,6 +76,15 @@ def run_parser() -> argparse.ArgumentParser:
                 default=None,
                 help=f"turns {setting.variable} on or off ({default} by default)",
             )
+        elif setting.choices is EXEMPT:
+            parser.add_argument(
+                setting.option,
+                dest=setting.field,
+                action="append",
+                type=_exemptions,
+                metavar="RULE=PLACE",
+                help=f"exemptions, {accepted(EXEMPT)}; repeatable; sets {setting.variable}",
+            )
         else:
             metavar = "PATH" if setting.choices is PATH else "{" + ",".join(setting.choices) + "}"
             parser.add_argument(
@@ -100,6 +120,21 @@ def _value_of(setting: Setting) -> Callable[[str], str]:
         return parsed
 
     return value
+
+
+def _exemptions(text: str) -> str:
+    # Every entry must hold, as every other option's value must: the runner stops on a typo
+    # rather than let the program warn and run without the exemption.
+    pairs, refused = _exempt.parse(text)
+    if refused:
+        entry, reason = refused[0]
+        syntax = _exempt.SYNTAX
+        raise argparse.ArgumentTypeError(f"{shown(entry)}: {reason}; an entry is {syntax}")
+    if not pairs:
+        raise argparse.ArgumentTypeError(
+            f"{shown(text)}: no exemption; an entry is {_exempt.SYNTAX}"
+        )
+    return text
 
 
 def _unmet(options: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
@@ -274,6 +309,9 @@ def program_environ(options: argparse.Namespace, environ: Mapping[str, str]) -> 
         if setting.choices is BOOL:
             if value is not None:
                 env[setting.variable] = "1" if value else "0"
+        elif setting.choices is EXEMPT:
+            if value:  # repeated: one entry list, as the variable holds it
+                env[setting.variable] = _exempt.SEPARATOR.join(value)
         elif value is not None:
             env[setting.variable] = value
     for rule, action in options.rule:

@@ -14,10 +14,13 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
+    from cgguard._exempt import Pair
+
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
 BOOL = TRUE + FALSE  # the accepted spellings of a boolean, in any case
 PATH = ()  # free text: a path
+EXEMPT = ("RULE=PLACE",)  # exemptions: RULE=PLACE entries, separated by ";" (cgguard._exempt)
 
 PREFIX = "CGGUARD_"
 ENABLED = "CGGUARD_ENABLED"
@@ -55,6 +58,11 @@ class Setting:
             return raw if is_path(raw) else None
         if self.choices is BOOL:
             return parse_bool(raw)
+        if self.choices is EXEMPT:
+            from cgguard import _exempt
+
+            pairs = tuple(_exempt.parse(raw)[0])
+            return pairs or None
         folded = raw.strip().lower()
         return folded if folded in self.choices else None
 
@@ -72,6 +80,8 @@ SETTINGS: "dict[str, Setting]" = {
         Setting("capture", ("enabled", "disabled"), None, "as it is (enabled at start)"),
         Setting("simulate_cuda", BOOL, False),
         Setting("vllm_bridge", BOOL, True),
+        Setting("exempt", EXEMPT, (), "none"),
+        Setting("exempt_file", PATH, None, "none"),
     )
 }
 
@@ -124,6 +134,10 @@ def accepted(choices: "tuple[str, ...]") -> str:
         return "1/true/yes/on or 0/false/no/off"
     if choices is PATH:
         return "a path (not blank, no NUL character)"
+    if choices is EXEMPT:
+        from cgguard import _exempt
+
+        return f"entries separated by {_exempt.SEPARATOR!r}, each {_exempt.SYNTAX}"
     return ", ".join(choices)
 
 
@@ -142,6 +156,19 @@ def read(environ: "Mapping[str, str]") -> "tuple[dict[str, object], dict[str, st
         raw = environ.get(setting.variable, "")
         if isinstance(raw, str) and not raw.strip():
             continue
+        if setting.choices is EXEMPT and isinstance(raw, str):
+            # Only here, with exemptions given: start-up loads no more than it must.
+            from cgguard import _exempt
+
+            # Each entry on its own: one mistyped entry must not drop the others.
+            pairs, refused = _exempt.parse(raw)
+            problems += [
+                refused_entry(entry, reason, setting.variable) for entry, reason in refused
+            ]
+            if pairs:
+                values[setting.field] = tuple(pairs)
+                sources[setting.field] = setting.variable
+            continue
         value = setting.parse(raw) if isinstance(raw, str) else None
         if value is None:
             problems.append(
@@ -154,11 +181,37 @@ def read(environ: "Mapping[str, str]") -> "tuple[dict[str, object], dict[str, st
     if values.get("log_target") == "file" and "log_file" not in values:
         problems.append("ignoring CGGUARD_LOG_TARGET='file': CGGUARD_LOG_FILE is not set")
         del values["log_target"], sources["log_target"]
+    if "exempt_file" in values:
+        problems += exemptions_file(str(values["exempt_file"]))[1]
     problems += [_unknown(name) for name in environ if _is_unknown(name)]
     rules = _read_rules(environ, sources, problems)
     if rules:
         values["rules"] = rules
     return values, sources, problems
+
+
+def refused_entry(entry: str, reason: str, where: str) -> str:
+    """The problem line of an exemption entry that is ignored, ``where`` it was given."""
+    from cgguard import _exempt
+
+    line = f"ignoring the exemption {shown(entry)} in {where}: {reason}"
+    if not reason.startswith("no rule"):  # that one lists what is accepted already
+        line += f"; an entry is {_exempt.SYNTAX}"
+    return line
+
+
+def exemptions_file(path: str) -> "tuple[list[Pair], list[str]]":
+    """The exemptions in the file at ``path``, and one problem line per entry ignored, or one
+    for the whole file when it cannot be read."""
+    from cgguard import _exempt
+
+    pairs, refused, unread = _exempt.parse_file(path)
+    if unread is not None:
+        return [], [f"ignoring the exemptions file {shown(path)}: {unread}"]
+    return pairs, [
+        refused_entry(entry, reason, f"{shown(path)} line {line}")
+        for line, entry, reason in refused
+    ]
 
 
 def _read_rules(

@@ -55,6 +55,8 @@ DEFAULT_CONFIGURATION = [
     "  capture        as it is (enabled at start) (default)",
     "  simulate_cuda  False        (default)",
     "  vllm_bridge    True         (default)",
+    "  exempt         none         (default)",
+    "  exempt_file    none         (default)",
     "  rule           capture_disabled: raise (default)",
     "  rule           nested_capture: raise (default)",
     "  rule           concurrent_capture: log (default)",

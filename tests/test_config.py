@@ -19,6 +19,8 @@ DEFAULTS = {
     "capture": None,
     "simulate_cuda": False,
     "vllm_bridge": True,
+    "exempt": (),
+    "exempt_file": None,
 }
 RULES = (
     "capture_disabled",
@@ -51,6 +53,8 @@ def test_every_field_set() -> None:
         capture="disabled",
         simulate_cuda=True,
         vllm_bridge=False,
+        exempt="capture_disabled=torch._inductor.",
+        exempt_file="/etc/cgguard/exempt",
     )
     expected = {
         "mode": "log",
@@ -62,6 +66,8 @@ def test_every_field_set() -> None:
         "capture": "disabled",
         "simulate_cuda": True,
         "vllm_bridge": False,
+        "exempt": (("capture_disabled", "torch._inductor."),),
+        "exempt_file": "/etc/cgguard/exempt",
     }
     assert expected == dataclasses.asdict(config)
 
@@ -545,8 +551,20 @@ NASTY = [
 ]
 
 
-@pytest.mark.parametrize("field", [name for name in DEFAULTS if name != "rules"])
-@pytest.mark.parametrize("value", NASTY)
+# What exempt reads as no exemptions, as rules reads {}: nothing for it to refuse.
+NO_EXEMPTIONS = ("list", "dict", "blank")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        pytest.param(field, nasty.values[0], id=f"{nasty.id}-{field}")
+        for field in DEFAULTS
+        if field != "rules"
+        for nasty in NASTY
+        if not (field == "exempt" and nasty.id in NO_EXEMPTIONS)
+    ],
+)
 def test_any_bad_value_is_a_one_line_config_error(field: str, value: object) -> None:
     """Whatever the value, a field that refuses it raises ConfigError, one line naming it."""
     with pytest.raises(cgguard.ConfigError) as info:

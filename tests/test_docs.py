@@ -18,10 +18,6 @@ PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
 # A landing page: what cgguard is, the set-up commands, switching it on, the smallest API.
 README_MAX_LINES = 160
 
-# Pages that are linked already and written separately; each name leaves this set when its page
-# is in docs/, and the set is then empty.
-EXPECTED_LATER = {"docs/exemptions.md"}
-
 # [text](target) outside code: the target up to whitespace or the closing parenthesis.
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 _FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
@@ -72,18 +68,11 @@ def test_relative_links_lead_to_files_and_headings(page: Path) -> None:
     for target in filter(is_relative, links(page)):
         path, _, anchor = target.partition("#")
         file = (page.parent / path).resolve() if path else page
-        if path and repo_path(page, target) in EXPECTED_LATER:
-            continue
         if not file.is_file():
             broken.append(f"{target}: no such file")
         elif anchor and file.suffix == ".md" and anchor not in anchors(file):
             broken.append(f"{target}: no heading with that anchor")
     assert broken == []
-
-
-def test_expected_later_pages_are_still_to_come() -> None:
-    """A page in EXPECTED_LATER that exists now must leave the set, so its links are checked."""
-    assert sorted(p for p in EXPECTED_LATER if (REPO / p).exists()) == []
 
 
 def test_readme_links_every_page_of_docs() -> None:

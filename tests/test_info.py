@@ -44,6 +44,8 @@ def test_configuration_names_the_variable_a_value_follows() -> None:
         "  capture        as it is (enabled at start) (default)",
         "  simulate_cuda  False        (default)",
         "  vllm_bridge    True         (default)",
+        "  exempt         none         (default)",
+        "  exempt_file    none         (default)",
         "  rule           capture_disabled: log (from CGGUARD_MODE)",
         "  rule           nested_capture: raise (CGGUARD_RULE_NESTED_CAPTURE)",
         # The diagnostics log whatever the mode: their default is their own.

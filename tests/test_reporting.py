@@ -228,6 +228,8 @@ def report_document(
         "config": config,
         "totals": totals,
         "violations": violations,
+        "exempted_totals": {},
+        "exempted": [],
         **context,
     }
 
@@ -244,6 +246,8 @@ def config_section(**values: object) -> dict[str, Any]:
         "capture": None,
         "simulate_cuda": False,
         "vllm_bridge": True,
+        "exempt": [],
+        "exempt_file": None,
         **values,
     }
 

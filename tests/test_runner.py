@@ -413,7 +413,7 @@ def test_environment_of_the_program(tmp_path: Path, old: str | None, expected: s
         b"cgguard: ignoring CGGUARD_OTHER: no such variable; the variables are CGGUARD_ENABLED, "
         b"CGGUARD_MODE, CGGUARD_LOG_FORMAT, CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, "
         b"CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, "
-        b"CGGUARD_RULE_<RULE>\n",
+        b"CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_RULE_<RULE>\n",
     )
     assert {
         **plain_environ,
@@ -998,6 +998,8 @@ def test_program_importing_torch_is_guarded_as_configured(tmp_path: Path) -> Non
             "capture": "disabled",
             "simulate_cuda": True,
             "vllm_bridge": True,
+            "exempt": [],
+            "exempt_file": None,
         },
         "capture_enabled": False,
     }
@@ -1069,6 +1071,8 @@ def test_info_reports_versions_configuration_and_activation(tmp_path: Path) -> N
         "  capture        as it is (enabled at start) (default)",
         "  simulate_cuda  False        (default)",
         "  vllm_bridge    False        (CGGUARD_VLLM_BRIDGE)",
+        "  exempt         none         (default)",
+        "  exempt_file    none         (default)",
         "  rule           capture_disabled: log (from CGGUARD_MODE)",
         "  rule           nested_capture: log (from CGGUARD_MODE)",
         "  rule           concurrent_capture: log (default)",

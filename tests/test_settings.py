@@ -234,6 +234,10 @@ def test_runner_options_are_the_settings() -> None:
             "--capture=disabled",
             "--simulate-cuda",
             "--no-vllm-bridge",
+            "--exempt=capture_disabled=torch._inductor.",
+            "--exempt",
+            "nested_capture=*/kernels.py",
+            "--exempt-file=e",
         ]
     )
     env = program_environ(options, {})
@@ -247,6 +251,8 @@ def test_runner_options_are_the_settings() -> None:
         "CGGUARD_CAPTURE": "disabled",
         "CGGUARD_SIMULATE_CUDA": "1",
         "CGGUARD_VLLM_BRIDGE": "0",
+        "CGGUARD_EXEMPT": "capture_disabled=torch._inductor.;nested_capture=*/kernels.py",
+        "CGGUARD_EXEMPT_FILE": "e",
     }
     assert [s.field for s in _settings.SETTINGS.values()] == [
         "mode",
@@ -257,6 +263,8 @@ def test_runner_options_are_the_settings() -> None:
         "capture",
         "simulate_cuda",
         "vllm_bridge",
+        "exempt",
+        "exempt_file",
     ]
 
 
@@ -301,7 +309,7 @@ def test_unknown_variable_without_a_close_name_lists_the_variables() -> None:
             "ignoring CGGUARD_XYZZY: no such variable; the variables are CGGUARD_ENABLED, "
             "CGGUARD_MODE, CGGUARD_LOG_FORMAT, CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, "
             "CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, "
-            "CGGUARD_RULE_<RULE>"
+            "CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_RULE_<RULE>"
         ],
     )
     assert expected == _settings.read({"CGGUARD_XYZZY": "1"})
@@ -369,7 +377,8 @@ LONG = "x" * 10_000
             f"ignoring CGGUARD_{'x' * 192}... (10008 characters): no such variable; "
             "the variables are CGGUARD_ENABLED, CGGUARD_MODE, CGGUARD_LOG_FORMAT, "
             "CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, CGGUARD_REPORT, CGGUARD_CAPTURE, "
-            "CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, CGGUARD_RULE_<RULE>",
+            "CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, "
+            "CGGUARD_RULE_<RULE>",
         ),
     ],
 )

@@ -1,0 +1,244 @@
+"""The syntax of exemptions: ``RULE=PLACE`` entries, as the environment, a file or Config give them.
+
+An exemption lets a capture that breaks RULE go ahead when PLACE is on the offending call's
+stack. PLACE is one of three kinds, told apart by its characters alone:
+
+- a file glob, which holds a ``/``: ``*/vllm_plugin/kernels.py``;
+- a function, ``module:qualname``, which holds a ``:`` and no ``/``:
+  ``torch._inductor.runtime.benchmarking:Benchmarker.benchmark_gpu_with_cuda_graph``;
+- a module, dotted names only, optionally ending in a dot: ``torch._inductor.``, which is that
+  module and every module below it.
+
+Entries are separated by ``;``. Matching them against a stack is cgguard._exemptions's work.
+"""
+
+# Read on the start-up path whenever CGGUARD_EXEMPT or CGGUARD_EXEMPT_FILE is set, before torch:
+# standard library only, no ``typing``, and no ``re`` (fnmatch brings it): a glob is only
+# compiled when a violation is matched against it.
+import os
+import stat
+
+from cgguard._rules import NAMES
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    Pair = tuple[str, str]  # (rule, place), as a Config keeps an exemption
+
+SEPARATOR = ";"
+FILE, FUNCTION, MODULE = "file", "function", "module"
+_GLOB = frozenset("*?[")
+
+# What an entry looks like, for the messages that refuse one.
+SYNTAX = (
+    "RULE=PLACE, PLACE a module (torch._inductor.), a file glob with a '/' (*/kernels.py) "
+    "or a function (module:qualname)"
+)
+
+# An exemptions file is a short list written by hand: anything longer is the wrong file (a
+# path to a log, a device), and is refused rather than read into memory.
+LONGEST_FILE = 1 << 20
+
+
+class EntryError(ValueError):
+    """An exemption refused: the entry, or the value that holds it, and why."""
+
+    def __init__(self, entry: object, reason: str) -> None:
+        super().__init__(entry, reason)
+        self.entry = entry
+        self.reason = reason
+
+
+def text(pair: "Pair") -> str:
+    """An exemption as it is written: ``rule=place``."""
+    return f"{pair[0]}={pair[1]}"
+
+
+def kind(place: str) -> str:
+    """FILE, FUNCTION or MODULE: which kind of place ``place`` is, from its characters."""
+    if "/" in place:
+        return FILE
+    if ":" in place:
+        return FUNCTION
+    return MODULE
+
+
+def problem(place: str) -> "str | None":
+    """Why ``place`` is not a place, or None when it is one."""
+    found = kind(place)
+    if not place:
+        reason: str | None = "no PLACE after '='"
+    elif found == FILE:
+        reason = None
+    elif found == FUNCTION:
+        module, _, qualname = place.partition(":")
+        valid = is_module(module) and all(_is_name_part(p) for p in qualname.split("."))
+        reason = None if valid else "a function is module:qualname (vllm_plugin.kernels:Kernel.run)"
+    elif _GLOB & set(place) or place.endswith(".py"):
+        # The likeliest mistake of all: a file named without its folder.
+        reason = f"a file glob holds a '/': write */{place}"
+    elif not is_module(place.removesuffix(".")):
+        reason = "not a module name, a file glob with a '/' nor module:qualname"
+    else:
+        reason = None
+    return reason
+
+
+def is_module(name: str) -> bool:
+    """Whether ``name`` is a dotted module name (``torch._inductor``)."""
+    return bool(name) and all(part.isidentifier() for part in name.split("."))
+
+
+def _is_name_part(part: str) -> bool:
+    # A qualname names nested functions through "<locals>", and lambdas as "<lambda>".
+    if part.startswith("<") and part.endswith(">"):
+        part = part[1:-1]
+    return part.isidentifier()
+
+
+def parse_entry(entry: str) -> "Pair":
+    """One ``RULE=PLACE`` entry as its (rule, place); ValueError with the reason otherwise.
+
+    The rule is read in any case, as every CGGUARD_* value is; the place is kept as written,
+    since module names and files are case-sensitive.
+    """
+    rule, equals, place = entry.partition("=")
+    rule, place = rule.strip().lower(), place.strip()
+    if not equals:
+        raise ValueError("not RULE=PLACE")
+    if rule not in NAMES:
+        raise ValueError(f"no rule {rule!r}; the rules are {', '.join(NAMES)}")
+    reason = problem(place)
+    if reason is not None:
+        raise ValueError(reason)
+    return rule, place
+
+
+def parse(value: str) -> "tuple[list[Pair], list[tuple[str, str]]]":
+    """The exemptions of ``;``-separated entries: those accepted, and (entry, reason) for the
+    rest, which do not stop the others from applying. Empty entries are nothing."""
+    pairs: list[Pair] = []
+    refused: list[tuple[str, str]] = []
+    for entry in value.split(SEPARATOR):
+        if not entry.strip():
+            continue
+        try:
+            pair = parse_entry(entry)
+        except ValueError as exc:
+            refused.append((entry.strip(), str(exc)))
+            continue
+        if pair not in pairs:
+            pairs.append(pair)
+    return pairs, refused
+
+
+def parse_file(
+    path: str,
+) -> "tuple[list[Pair], list[tuple[int, str, str]], str | None]":
+    """An exemptions file: one entry a line (or several, ``;``-separated), ``#`` comments.
+
+    Returns the exemptions accepted, (line, entry, reason) for each refused, and why the file
+    could not be read at all, if it could not (nothing of it applies then).
+    """
+    try:
+        # O_NONBLOCK: a FIFO at the path would block a plain open until a writer came, and
+        # start-up with it. What the open file is decides, not a stat of the path before.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with open(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return [], [], "not a regular file"
+            data = handle.read(LONGEST_FILE + 1)
+    except OSError as exc:
+        return [], [], exc.strerror or str(exc)
+    if len(data) > LONGEST_FILE:
+        return [], [], f"longer than {LONGEST_FILE} bytes"
+    try:
+        content = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return [], [], "not UTF-8 text"
+    pairs: list[Pair] = []
+    refused: list[tuple[int, str, str]] = []
+    for number, line in enumerate(content.splitlines(), 1):
+        accepted, bad = parse(_uncommented(line))
+        pairs += [p for p in accepted if p not in pairs]
+        refused += [(number, entry, reason) for entry, reason in bad]
+    return pairs, refused, None
+
+
+def _uncommented(line: str) -> str:
+    """``line`` without its comment: from a ``#`` that starts the line or follows a blank.
+
+    A ``#`` inside a word stays: a file glob may hold one.
+    """
+    for i, char in enumerate(line):
+        if char == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i]
+    return line
+
+
+def normalize(value: object) -> "tuple[Pair, ...]":
+    """``Config(exempt=...)`` as a Config keeps it: (rule, place) pairs, in order, once each.
+
+    Accepts None (none), a str of ``;``-separated entries, an iterable of such strs and of
+    (rule, place) pairs, or a mapping of rule to a place or an iterable of places. EntryError,
+    naming the entry, for anything else.
+    """
+    if value is None:
+        return ()
+    pairs: list[Pair] = []
+    for rule, place in _candidates(value):
+        pair = _checked_pair(rule, place)
+        if pair not in pairs:
+            pairs.append(pair)
+    return tuple(pairs)
+
+
+def _candidates(value: object) -> "Iterable[tuple[object, object]]":
+    """The (rule, place) candidates ``value`` gives, not yet checked."""
+    if _is_text(value):
+        yield from _entries(str.__str__(value))  # a str, just checked
+        return
+    from collections.abc import Iterable, Mapping  # not at start-up: Config only
+
+    if isinstance(value, Mapping):
+        for rule, places in value.items():
+            if _is_text(places) or not isinstance(places, Iterable):
+                yield rule, places
+            else:
+                yield from ((rule, place) for place in places)
+        return
+    if not isinstance(value, Iterable) or isinstance(value, (bytes, bytearray)):
+        raise EntryError(value, "not a str, a sequence of entries or a mapping")
+    for item in value:
+        if _is_text(item):
+            yield from _entries(str.__str__(item))
+        elif isinstance(item, tuple) and len(item) == 2:
+            yield item[0], item[1]
+        else:
+            raise EntryError(item, "neither an entry nor a (rule, place) pair")
+
+
+def _entries(value: str) -> "Iterable[tuple[object, object]]":
+    for entry in value.split(SEPARATOR):
+        if not entry.strip():
+            continue
+        rule, equals, place = entry.partition("=")
+        if not equals:
+            raise EntryError(entry.strip(), "not RULE=PLACE")
+        yield rule, place
+
+
+def _checked_pair(rule: object, place: object) -> "Pair":
+    if not _is_text(rule) or not _is_text(place):
+        raise EntryError((rule, place), "a rule and a place are each a str")
+    entry = f"{str.__str__(rule).strip()}={str.__str__(place).strip()}"
+    try:
+        return parse_entry(entry)
+    except ValueError as exc:
+        raise EntryError(entry, str(exc)) from None
+
+
+def _is_text(value: object) -> bool:
+    # type(), not isinstance(): an object's __class__ may claim str without it being one.
+    return issubclass(type(value), str)

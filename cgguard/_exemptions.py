@@ -1,0 +1,243 @@
+"""Exemptions at work: matched against the stack of a capture that broke a rule, and tallied.
+
+Nothing here runs on the capture path: a stack is matched only once the guard has found a
+rule broken, and only for the rules some exemption names. Every frame of the offending call's
+stack is matched, not only the innermost one, and torch's frames too: a library that captures
+through helpers, or through torch.cuda.graph, is still that library.
+"""
+
+from __future__ import annotations
+
+import linecache
+import sys
+import threading
+from typing import TYPE_CHECKING
+
+from cgguard._exempt import FILE, MODULE, kind, text
+from cgguard._frames import _line_of
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from types import CodeType
+
+    from cgguard._events import ExemptedEvent
+    from cgguard._exempt import Pair
+    from cgguard._frames import FrameInfo, Snapshot
+
+# Per code object, which exemption matches its frame: code made at run time (inductor, exec)
+# would grow the cache without end, so it starts again past this size.
+_CACHE_MAX = 4096
+
+
+class Place:
+    """One exemption's place, ready to match a frame's code."""
+
+    __slots__ = ("glob", "kind", "label", "module", "qualname")
+
+    def __init__(self, pair: Pair) -> None:
+        place = pair[1]
+        self.label = text(pair)
+        self.kind = kind(place)
+        self.glob = place if self.kind == FILE else ""
+        module, _, qualname = place.partition(":")
+        self.module = module.removesuffix(".") if self.kind != FILE else ""
+        self.qualname = qualname
+
+    def matches(self, code: CodeType, module: str | None) -> bool:
+        """Whether a frame running ``code``, of ``module`` (None: not known), is this place."""
+        if self.kind == FILE:
+            from fnmatch import fnmatchcase  # re with it: only once a violation is matched
+
+            return fnmatchcase(code.co_filename, self.glob)
+        if module is None:
+            return False
+        if self.kind == MODULE:
+            return module == self.module or module.startswith(self.module + ".")
+        # co_qualname is 3.11's; 3.10's code knows only its own name, the qualname's last part.
+        qualname = getattr(code, "co_qualname", None)
+        if qualname is None:
+            return module == self.module and self.qualname.rsplit(".", 1)[-1] == code.co_name
+        return module == self.module and qualname == self.qualname
+
+
+class Match:
+    """The exemption that let a violation through, and the frame it matched."""
+
+    __slots__ = ("code", "exemption", "lasti")
+
+    def __init__(self, exemption: str, code: CodeType, lasti: int) -> None:
+        self.exemption = exemption
+        self.code = code
+        self.lasti = lasti
+
+    def frame(self) -> FrameInfo:
+        """The matched frame, rendered: torch's own frames too, which an event's stack hides."""
+        filename = self.code.co_filename
+        line = _line_of(self.code, self.lasti)
+        source = linecache.getline(filename, line).strip()
+        return {
+            "file": filename,
+            "line": line,
+            "function": self.code.co_name,
+            "code": source or None,
+        }
+
+
+class Modules:
+    """Which module a code object belongs to, found from its file: snapshots keep code objects,
+    not frames, and a code object does not know its module."""
+
+    def __init__(self) -> None:
+        self._by_file: dict[str, str] = {}
+        self._seen = -1  # len(sys.modules) when _by_file was built
+
+    def of(self, code: CodeType) -> str | None:
+        """The name of the module whose file ``code`` comes from; None if none is imported."""
+        filename = code.co_filename
+        name = self._by_file.get(filename)
+        if name is None and len(sys.modules) != self._seen:
+            self._rebuild()
+            name = self._by_file.get(filename)
+        return name
+
+    def _rebuild(self) -> None:
+        by_file: dict[str, str] = {}
+        modules = list(sys.modules.values())
+        for module in modules:
+            try:
+                # From the module's own namespace: getattr would call a module __getattr__
+                # (PEP 562), which may import, for a module without a __file__.
+                namespace = vars(module)
+                filename = namespace.get("__file__")
+                # The module's own name, not its key: a module aliased under a second name
+                # (vllm.compilation.monitor, in vLLM's main branch) is known by its real one.
+                name = namespace.get("__name__")
+            except Exception:  # noqa: S112 - not a module (sys.modules may hold anything)
+                continue
+            if isinstance(filename, str) and isinstance(name, str):
+                by_file.setdefault(filename, name)
+        self._by_file = by_file
+        self._seen = len(modules)
+
+
+class Exemptions:
+    """An installation's exemptions, by rule, and the tally of what they let through."""
+
+    def __init__(self, pairs: Iterable[Pair], tally: Tally | None = None) -> None:
+        self.pairs = tuple(pairs)
+        self.tally = tally if tally is not None else Tally()
+        self._places: dict[str, list[Place]] = {}
+        for pair in self.pairs:
+            self._places.setdefault(pair[0], []).append(Place(pair))
+        self._modules = Modules()
+        self._lock = threading.Lock()
+        # Per rule: id(code) -> (code, the first of the rule's places that matches it, or -1).
+        # Each entry holds its code object, so that its id() is not reused while it stands.
+        self._cache: dict[str, dict[int, tuple[CodeType, int]]] = {r: {} for r in self._places}
+
+    def covers(self, rule: str) -> bool:
+        """Whether any exemption names ``rule``."""
+        return rule in self._places
+
+    def match(self, rule: str, stack: Snapshot) -> Match | None:
+        """The exemption of ``rule`` whose place is on ``stack``, innermost frame first."""
+        places = self._places.get(rule)
+        if not places:
+            return None
+        cache = self._cache[rule]
+        for i in range(0, len(stack), 2):
+            code = stack[i]
+            if isinstance(code, int):
+                break  # the count of outer frames a deep stack left out
+            cached = cache.get(id(code))
+            if cached is None:
+                cached = (code, self._first_match(places, code))
+                with self._lock:
+                    if len(cache) >= _CACHE_MAX:
+                        cache.clear()
+                    cache[id(code)] = cached
+            if cached[1] >= 0:
+                lasti = stack[i + 1]
+                assert isinstance(lasti, int)  # noqa: S101 - a snapshot pairs code with an int
+                return Match(places[cached[1]].label, code, lasti)
+        return None
+
+    def _first_match(self, places: list[Place], code: CodeType) -> int:
+        module = None
+        if any(p.kind != FILE for p in places):
+            with self._lock:
+                module = self._modules.of(code)
+        for index, place in enumerate(places):
+            if place.matches(code, module):
+                return index
+        return -1
+
+
+class ExemptSite:
+    """One rule let through by one exemption at one place: its count, and its first event."""
+
+    __slots__ = ("api", "code", "count", "exemption", "first", "lasti", "rule")
+
+    def __init__(
+        self, rule: str, code: CodeType | None, lasti: int, api: str, exemption: str
+    ) -> None:
+        self.rule = rule
+        self.code = code
+        self.lasti = lasti
+        self.api = api
+        self.exemption = exemption
+        self.count = 0
+        self.first: ExemptedEvent | None = None
+
+
+class Tally:
+    """Exempted captures counted by site (rule, place in the user's code, exemption).
+
+    Thread-safe; one per installation, kept when install() switches configuration.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sites: dict[tuple[str, int, int, str], ExemptSite] = {}
+
+    def count(
+        self, rule: str, code: CodeType | None, lasti: int, api: str, exemption: str
+    ) -> tuple[ExemptSite, int]:
+        """Count one exempted capture; return its site and this count (1: the first there)."""
+        # By the code object's identity, as the ledger keys violations: equal code in two
+        # files is two sites. Each site holds its code object, so the id is not reused.
+        key = (rule, id(code), lasti, exemption)
+        with self._lock:
+            site = self._sites.get(key)
+            if site is None:
+                site = self._sites[key] = ExemptSite(rule, code, lasti, api, exemption)
+            site.count += 1
+            return site, site.count
+
+    def sites(self) -> list[ExemptSite]:
+        """Every site, in the order first seen."""
+        with self._lock:
+            return list(self._sites.values())
+
+    def totals(self) -> dict[str, int]:
+        """Exempted captures per rule."""
+        totals: dict[str, int] = {}
+        for site in self.sites():
+            totals[site.rule] = totals.get(site.rule, 0) + site.count
+        return totals
+
+    def after_fork(self) -> None:
+        """A forked child's own tally: none of its parent's counts, and a lock of its own."""
+        self._lock = threading.Lock()
+        self._sites = {}
+
+
+def configured(pairs: Iterable[Pair], previous: Exemptions | None) -> Exemptions | None:
+    """The exemptions an installation uses; its tally carries over a switch of configuration.
+
+    None when there are none and nothing was ever exempted: then nothing is matched at all.
+    """
+    pairs = tuple(pairs)
+    if not pairs and (previous is None or not previous.tally.sites()):
+        return None
+    return Exemptions(pairs, previous.tally if previous is not None else None)

@@ -1,0 +1,219 @@
+"""cgguard._exempt: the syntax of exemptions, as Config, CGGUARD_EXEMPT, a file and the runner
+take it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import TYPE_CHECKING
+
+import pytest
+from helpers import DEFAULT_CONFIGURATION, clean_environ
+
+import cgguard
+from cgguard import _exempt, _settings
+from cgguard._info import _configuration
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+SYNTAX = (
+    "RULE=PLACE, PLACE a module (torch._inductor.), a file glob with a '/' (*/kernels.py) "
+    "or a function (module:qualname)"
+)
+RULES = (
+    "capture_disabled, nested_capture, concurrent_capture, sync_during_capture, abandoned_capture"
+)
+
+
+@pytest.mark.parametrize(
+    ("place", "kind"),
+    [
+        ("torch._inductor.", _exempt.MODULE),
+        ("torch._inductor", _exempt.MODULE),
+        ("vllm_plugin", _exempt.MODULE),
+        (
+            "torch._inductor.runtime.benchmarking:Benchmarker.benchmark_gpu_with_cuda_graph",
+            "function",
+        ),
+        ("pkg.mod:outer.<locals>.inner", _exempt.FUNCTION),
+        ("*/vllm_plugin/kernels.py", _exempt.FILE),
+        ("/opt/app/kernels.py", _exempt.FILE),
+        ("/opt/app:v2/kernels.py", _exempt.FILE),  # a '/' makes it a file, ':' or not
+    ],
+)
+def test_each_place_is_one_kind(place: str, kind: str) -> None:
+    """The kind of a place follows from its characters alone: '/' a file, ':' a function."""
+    assert (kind, None) == (_exempt.kind(place), _exempt.problem(place))
+
+
+@pytest.mark.parametrize(
+    ("entry", "reason"),
+    [
+        ("capture_disabled", "not RULE=PLACE"),
+        ("capture_disabled=", "no PLACE after '='"),
+        ("nested=torch", f"no rule 'nested'; the rules are {RULES}"),
+        ("capture_disabled=benchmarking.py", "a file glob holds a '/': write */benchmarking.py"),
+        ("capture_disabled=kernels*", "a file glob holds a '/': write */kernels*"),
+        (
+            "capture_disabled=torch..x",
+            "not a module name, a file glob with a '/' nor module:qualname",
+        ),
+        (
+            "capture_disabled=torch:",
+            "a function is module:qualname (vllm_plugin.kernels:Kernel.run)",
+        ),
+        (
+            "capture_disabled=9lives:f",
+            "a function is module:qualname (vllm_plugin.kernels:Kernel.run)",
+        ),
+    ],
+)
+def test_refused_entries_say_why(entry: str, reason: str) -> None:
+    """Each malformed entry is refused with the reason, and the entries around it stand."""
+    value = f"nested_capture=a;{entry};sync_during_capture=b"
+    expected = ([("nested_capture", "a"), ("sync_during_capture", "b")], [(entry, reason)])
+    assert expected == _exempt.parse(value)
+
+
+def test_parse_folds_rules_keeps_places_and_drops_repeats() -> None:
+    """Rules in any case and spacing; places exactly as written; an entry repeated is one."""
+    value = " Capture_Disabled = Torch._Inductor. ;;capture_disabled=Torch._Inductor.; "
+    expected = ([("capture_disabled", "Torch._Inductor.")], [])
+    assert expected == _exempt.parse(value)
+
+
+def test_file_lines_comments_and_line_numbers(tmp_path: Path) -> None:
+    """A file: entries a line (or ';'-separated), '#' comments from a line's start or after a
+    blank, a '#' inside a glob kept; refused entries come with their line."""
+    path = tmp_path / "exemptions"
+    path.write_text(
+        "# image exemptions\n"
+        "capture_disabled=torch._inductor.runtime.benchmarking  # autotuning\n"
+        "\n"
+        "nested_capture=*/build#2/kernels.py; abandoned_capture=x\n"
+        "oops\n"
+    )
+    expected = (
+        [
+            ("capture_disabled", "torch._inductor.runtime.benchmarking"),
+            ("nested_capture", "*/build#2/kernels.py"),
+            ("abandoned_capture", "x"),
+        ],
+        [(5, "oops", "not RULE=PLACE")],
+        None,
+    )
+    assert expected == _exempt.parse_file(str(path))
+
+
+def test_oversized_file_is_refused_whole(tmp_path: Path) -> None:
+    """A file longer than an exemptions file can be is not read: nothing of it applies."""
+    path = tmp_path / "exemptions"
+    path.write_text("capture_disabled=x\n" + "#" * _exempt.LONGEST_FILE)
+    assert ([], [], f"longer than {_exempt.LONGEST_FILE} bytes") == _exempt.parse_file(str(path))
+
+
+def test_environment_problems_and_values(tmp_path: Path) -> None:
+    """read(): the entries that stand, their variables, one problem per refused entry, and one
+    per refused line of the file, which is named with the line."""
+    path = tmp_path / "exemptions"
+    path.write_text("capture_disabled=a\nwhat\n")
+    environ = {"CGGUARD_EXEMPT": "x=y;nested_capture=b", "CGGUARD_EXEMPT_FILE": str(path)}
+    expected = (
+        {"exempt": (("nested_capture", "b"),), "exempt_file": str(path)},
+        {"exempt": "CGGUARD_EXEMPT", "exempt_file": "CGGUARD_EXEMPT_FILE"},
+        [
+            f"ignoring the exemption 'x=y' in CGGUARD_EXEMPT: no rule 'x'; the rules are {RULES}",
+            f"ignoring the exemption 'what' in {str(path)!r} line 2: not RULE=PLACE; "
+            f"an entry is {SYNTAX}",
+        ],
+    )
+    assert expected == _settings.read(environ)
+
+
+def test_nothing_valid_in_the_variable_sets_nothing() -> None:
+    """A CGGUARD_EXEMPT with no entry that stands leaves exempt at its default."""
+    assert cgguard.Config() == cgguard.Config.from_environ({"CGGUARD_EXEMPT": "a;b"}, warn=False)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (
+            "capture_disabled",
+            "Config(exempt='capture_disabled'): not RULE=PLACE; accepted values are None, "
+            "RULE=PLACE entries (';' between them in a str), (rule, place) pairs or a mapping "
+            "of rule to places, PLACE a module (torch._inductor.), a file glob with a '/' "
+            "(*/kernels.py) or a function (module:qualname)",
+        ),
+        (
+            ["nested_capture=x", "capture=y"],
+            "Config(exempt=['nested_capture=x', 'capture=y']): entry 'capture=y': no rule "
+            f"'capture'; the rules are {RULES}",
+        ),
+        (
+            {"nested_capture": 3},
+            "Config(exempt={'nested_capture': 3}): entry ('nested_capture', 3): a rule and a "
+            "place are each a str; accepted values are None, RULE=PLACE entries (';' between "
+            "them in a str), (rule, place) pairs or a mapping of rule to places, PLACE a module "
+            "(torch._inductor.), a file glob with a '/' (*/kernels.py) or a function "
+            "(module:qualname)",
+        ),
+        (
+            ("capture_disabled", "x"),
+            "Config(exempt=('capture_disabled', 'x')): entry 'capture_disabled': not "
+            "RULE=PLACE; accepted values are None, RULE=PLACE entries (';' between them in a "
+            "str), (rule, place) pairs or a mapping of rule to places, PLACE a module "
+            "(torch._inductor.), a file glob with a '/' (*/kernels.py) or a function "
+            "(module:qualname)",
+        ),
+    ],
+)
+def test_config_refuses_with_one_line(value: object, message: str) -> None:
+    """Config(exempt=bad) is a ConfigError naming the input, the entry and what is accepted."""
+    with pytest.raises(cgguard.ConfigError) as refused:
+        cgguard.Config(exempt=value)  # type: ignore[arg-type]
+    assert message == str(refused.value)
+
+
+def test_config_as_dict_writes_entries() -> None:
+    """A report's config holds exemptions as they are written."""
+    config = cgguard.Config(exempt={"capture_disabled": ["a.b:C.f", "*/k.py"]})
+    assert config.as_dict()["exempt"] == ["capture_disabled=a.b:C.f", "capture_disabled=*/k.py"]
+
+
+def test_info_lists_exemptions_and_their_sources(tmp_path: Path) -> None:
+    """cgguard info: one line per exemption, from the variable and from the file."""
+    path = tmp_path / "exemptions"
+    path.write_text("nested_capture=*/kernels.py\n")
+    environ = {
+        "CGGUARD_EXEMPT": "capture_disabled=torch._inductor.",
+        "CGGUARD_EXEMPT_FILE": str(path),
+    }
+    expected = [
+        "  enabled        (unset)      (CGGUARD_ENABLED)",
+        *DEFAULT_CONFIGURATION[:8],
+        "  exempt         capture_disabled=torch._inductor. (CGGUARD_EXEMPT)",
+        f"  exempt_file    {path!s:<12} (CGGUARD_EXEMPT_FILE)",
+        f"  exempt         nested_capture=*/kernels.py ({path})",
+        *DEFAULT_CONFIGURATION[10:],
+    ]
+    assert expected == _configuration(environ)
+
+
+@pytest.mark.subprocess
+def test_runner_refuses_a_bad_entry() -> None:
+    """cgguard run --exempt with a malformed entry stops with status 2 and one line."""
+    done = subprocess.run(
+        [sys.executable, "-m", "cgguard", "run", "--exempt", "capture_disabled=k.py", "true"],
+        env=clean_environ(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stderr.splitlines()[-1]) == (
+        2,
+        "cgguard run: error: argument --exempt: 'capture_disabled=k.py': a file glob holds a "
+        f"'/': write */k.py; an entry is {SYNTAX}",
+    )
