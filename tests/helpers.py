@@ -12,6 +12,30 @@ DISABLED_SENTENCE = (
 )
 
 
+def patched_count() -> int:
+    """How many of torch's entry points install() patches here: five methods of torch's graph,
+    CUDAGraph, Stream and Event classes, and torch._C._cuda_synchronize where the build has it
+    (CUDA builds; on CPU builds only the simulated runtime adds one)."""
+    import torch
+
+    return 5 + int(hasattr(torch._C, "_cuda_synchronize"))
+
+
+def standin_hooks() -> list[str]:
+    """The hooks the simulated runtime's stand-ins carry themselves while cgguard is installed:
+    on a CUDA build they cannot extend torch's classes, so torch's hooks do not reach them."""
+    import torch
+
+    if not torch.backends.cuda.is_built():
+        return []
+    return [
+        "cgguard.testing._simcuda._SimulatedCUDAGraph.capture_begin",
+        "cgguard.testing._simcuda._SimulatedCUDAGraph.capture_end",
+        "cgguard.testing._simcuda._SimulatedStream.synchronize",
+        "cgguard.testing._simcuda._SimulatedEvent.synchronize",
+    ]
+
+
 class SourceFile:
     """A Python file whose lines are found by the comment that ends them, ``# marker``."""
 

@@ -650,7 +650,8 @@ def test_a_hook_held_after_uninstall_lets_everything_through(
 
     with simulated_cuda():
         install()
-        begin = torch.cuda.graphs.CUDAGraph.capture_begin  # cached by a library, say
+        # Cached by a library, say: torch's hooked method, or on a CUDA build the stand-in's own.
+        begin = torch.cuda.CUDAGraph.capture_begin
         cgguard.uninstall()
         graph = torch.cuda.CUDAGraph()
         with cgguard.capture_disabled(), torch.cuda.stream(torch.cuda.Stream()):
