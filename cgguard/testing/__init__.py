@@ -84,7 +84,7 @@ def start_session_simulation() -> None:
     stack = contextlib.ExitStack()
     try:
         stack.enter_context(simulated_cuda())
-    except Exception as exc:  # e.g. a torch built with CUDA: guard it all the same, unsimulated
+    except Exception as exc:  # e.g. a usable CUDA device: guard it all the same, unsimulated
         warn_once("simulation", f"CGGUARD_SIMULATE_CUDA: no simulated CUDA runtime: {exc}")
         return
     _session = stack
