@@ -481,6 +481,69 @@ def test_reentry_refused(sim: SimulatedCuda) -> None:
     assert str(info.value) == "simulated_cuda() is already active [simulated CUDA]"
 
 
+CUDA_BUILD_STANDINS = """
+import os, torch, cgguard
+from cgguard.testing import simulated_cuda
+
+torch.backends.cuda.is_built = lambda: True  # before the first simulation builds its stand-ins
+cgguard.install(cgguard.Config(log_file=os.devnull))
+with simulated_cuda() as sim:
+    graph_class = torch.cuda.CUDAGraph
+    print("extends torch's:", issubclass(graph_class, torch.cuda.graphs.CUDAGraph))
+    print("hooked itself:", sorted(set(vars(graph_class)) & {"capture_begin", "capture_end"}))
+    graph, x = graph_class(), torch.zeros(2)
+    with torch.cuda.graph(graph):
+        x.add_(1)
+    graph.replay()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with cgguard.capture_disabled(), torch.cuda.stream(side):
+            graph_class().capture_begin()
+    except cgguard.CaptureDisabledError:
+        print("refused")
+    print([name for name, _, _ in sim.calls if name != "host_empty_cache"])
+print("hooked after:", sorted(set(vars(graph_class)) & {"capture_begin", "capture_end"}))
+"""
+
+
+@pytest.mark.subprocess
+def test_the_standins_of_a_cuda_build_run_and_are_guarded_on_any_build() -> None:
+    """The stand-ins a CUDA build gets (cgguard's own classes with torch's Python layer, since
+    torch's extend C types that need a driver) run torch.cuda.graph and streams, and carry
+    cgguard's hooks only while both are in place: checked here whatever this build is."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-c", CUDA_BUILD_STANDINS],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    calls = [
+        "synchronize",
+        "set_stream",
+        "capture_begin",
+        "capture_end",
+        "set_stream",
+        "replay",
+        "event_record",
+        "event_wait",
+        # The refused capture_begin never reaches the runtime: only the stream switches.
+        "set_stream",
+        "set_stream",
+    ]
+    expected = [
+        "extends torch's: False",
+        "hooked itself: ['capture_begin', 'capture_end']",
+        "refused",
+        str(calls),
+        "hooked after: []",
+    ]
+    assert (out.returncode, out.stdout.splitlines()) == (0, expected), out.stderr
+
+
 @pytest.mark.subprocess
 def test_import_does_not_import_torch() -> None:
     """Importing the module leaves torch unimported."""
