@@ -9,7 +9,9 @@ simulation runs on those where no CUDA device is usable, as on a CPU-only build.
     nox -s "tests(3.10-torch2.1.2)"
     nox -- -m "not subprocess"     # arguments after -- go to pytest
 
-Each Python a session names must be on PATH as ``python3.X``.
+nox itself is not among cgguard's extras (``pip install nox``). Each Python a session names must
+be on PATH as ``python3.X``. Each session downloads a CUDA build of torch (1.2 to 1.7 GB, with
+its CUDA libraries) unless pip finds it in a local cache or ``--find-links`` folder.
 """
 
 from __future__ import annotations
