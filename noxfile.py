@@ -10,8 +10,9 @@ simulation runs on those where no CUDA device is usable, as on a CPU-only build.
     nox -- -m "not subprocess"     # arguments after -- go to pytest
 
 nox itself is not among cgguard's extras (``pip install nox``). Each Python a session names must
-be on PATH as ``python3.X``. Each session downloads a CUDA build of torch (1.2 to 1.7 GB, with
-its CUDA libraries) unless pip finds it in a local cache or ``--find-links`` folder.
+be on PATH as ``python3.X``. Each session downloads a CUDA build of torch with its CUDA
+libraries (2.6 GB for torch 2.1.2) unless pip finds them in its cache or a ``--find-links``
+folder, and takes about 5 GB installed.
 """
 
 from __future__ import annotations
