@@ -209,6 +209,7 @@ class Guard:
         # which comes and goes with the simulated runtime on CPU builds.
         self.patches = PatchSet()
         # The simulation may remove its synchronize first: then there is nothing to put back.
+        # Also the hooks on its stand-ins where they do not extend torch's classes (CUDA builds).
         self.device_sync = PatchSet(keep_newer=True)
         self.follows = follows
         # Set by uninstall(): hooks a caller still holds a reference to let everything through.

@@ -244,7 +244,8 @@ def patch_on_import(_: ModuleType) -> None:
 
 
 def refresh_device_sync() -> None:
-    """Wrap torch._C._cuda_synchronize again if it came since install (the simulated runtime)."""
+    """Hook what the simulated runtime put in place since install: its synchronize, and its
+    stand-in classes where they do not extend torch's (CUDA builds)."""
     with _lock:
         guard = _guard.current
         if guard is not None and guard.patches:
@@ -254,7 +255,7 @@ def refresh_device_sync() -> None:
 
 
 def release_device_sync() -> None:
-    """Let go of torch._C._cuda_synchronize before whoever put it there removes it."""
+    """Let go of torch._C._cuda_synchronize (and any stand-in's hooks) before it is replaced."""
     with _lock:
         guard = _guard.current
         if guard is not None:

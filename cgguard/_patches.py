@@ -22,6 +22,7 @@ from cgguard._guard import (
     API_STREAM_QUERY,
     API_STREAM_SYNCHRONIZE,
 )
+from cgguard._patchset import describe
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -31,14 +32,30 @@ if TYPE_CHECKING:
 
 
 def real_class(cls: type) -> type:
-    """``cls``, or the torch class that a stand-in for it (a subclass of another module) extends.
+    """``cls``, or the torch class that a stand-in for it extends or names.
 
     cgguard's hooks belong on torch's own classes, whatever stands in torch.cuda's namespace.
+    The simulated runtime's stand-ins extend torch's classes on CPU-only builds; on CUDA builds
+    they cannot (torch's are C types that need a driver) and name theirs as
+    ``_cgguard_stands_for``.
     """
     for klass in cls.__mro__:
         if klass.__module__.split(".")[0] == "torch":
             return klass
-    return cls
+    named = getattr(cls, "_cgguard_stands_for", None)
+    return named if isinstance(named, type) else cls
+
+
+def _standins() -> list[tuple[str, type]]:
+    """The classes in torch.cuda's namespace that stand for torch's without extending them, each
+    with its name there. Hooks on torch's classes do not reach them: they carry their own."""
+    cuda = sys.modules["torch.cuda"]
+    found = []
+    for name in _KINDS:
+        cls = getattr(cuda, name, None)
+        if isinstance(cls, type) and not issubclass(cls, real_class(cls)):
+            found.append((name, cls))
+    return found
 
 
 def _wrapt(wrapper: Callable[[Any, Any, Any, Any], Any]) -> Callable[[Any], Any]:
@@ -46,13 +63,40 @@ def _wrapt(wrapper: Callable[[Any, Any, Any, Any], Any]) -> Callable[[Any], Any]
     return lambda original: wrapt.FunctionWrapper(original, wrapper)
 
 
+_KINDS = ("CUDAGraph", "Stream", "Event")
+
+
+def _class_hooks(guard: Guard) -> dict[str, list[tuple[str, Callable[[Any], Any]]]]:
+    """The guard's hooks on torch's CUDAGraph, Stream and Event classes, by class name."""
+    return {
+        "CUDAGraph": [
+            ("capture_begin", _wrapt(guard.capture_begin)),
+            ("capture_end", guard.make_capture_end),
+        ],
+        "Stream": [
+            ("synchronize", _wrapt(guard.checks_sync(API_STREAM_SYNCHRONIZE))),
+            ("query", _wrapt(guard.checks_sync(API_STREAM_QUERY))),
+        ],
+        "Event": [
+            ("synchronize", _wrapt(guard.checks_sync(API_EVENT_SYNCHRONIZE))),
+            ("query", _wrapt(guard.checks_sync(API_EVENT_QUERY))),
+            # A plain function, as capture_end: it runs on every record, capturing or not.
+            ("record", guard.make_event_record),
+            ("elapsed_time", _wrapt(guard.checks_sync(API_EVENT_ELAPSED_TIME))),
+        ],
+    }
+
+
 def patch_torch(guard: Guard) -> None:
     """Put the guard's hooks on torch's entry points. Raises, torch untouched, if torch is not
     as expected."""
     graphs = importlib.import_module("torch.cuda.graphs")
     streams = importlib.import_module("torch.cuda.streams")
-    cuda_graph = real_class(graphs.CUDAGraph)
-    stream, event = real_class(streams.Stream), real_class(streams.Event)
+    classes = {
+        "CUDAGraph": real_class(graphs.CUDAGraph),
+        "Stream": real_class(streams.Stream),
+        "Event": real_class(streams.Event),
+    }
     cuda = importlib.import_module("torch.cuda")
     # Looked up at each call: the simulated runtime replaces it while it is in place.
     guard.is_capturing = lambda: bool(cuda.is_current_stream_capturing())
@@ -61,15 +105,12 @@ def patch_torch(guard: Guard) -> None:
     guard.patches.apply(
         [
             (graphs.graph, "__enter__", _wrapt(guard.graph_enter)),
-            (cuda_graph, "capture_begin", _wrapt(guard.capture_begin)),
-            (cuda_graph, "capture_end", guard.make_capture_end),
             # The Python methods on the real classes: subclasses and bound methods land here.
-            (stream, "synchronize", _wrapt(guard.checks_sync(API_STREAM_SYNCHRONIZE))),
-            (event, "synchronize", _wrapt(guard.checks_sync(API_EVENT_SYNCHRONIZE))),
-            (stream, "query", _wrapt(guard.checks_sync(API_STREAM_QUERY))),
-            (event, "query", _wrapt(guard.checks_sync(API_EVENT_QUERY))),
-            (event, "record", guard.make_event_record),
-            (event, "elapsed_time", _wrapt(guard.checks_sync(API_EVENT_ELAPSED_TIME))),
+            *(
+                (classes[kind], name, make)
+                for kind, hooks in _class_hooks(guard).items()
+                for name, make in hooks
+            ),
         ]
     )
     try:
@@ -127,15 +168,24 @@ def _accelerator_entry_points(guard: Guard) -> list[tuple[Any, str, Callable[[An
 
 # torch.cuda.synchronize() lands in torch._C._cuda_synchronize: wrapping that, rather than the
 # Python function, also catches ``from torch.cuda import synchronize`` bound before install.
-# CPU builds have no such function; the simulated runtime adds one while it is active, and
-# cgguard.testing has cgguard._install call patch_device_sync() again as it comes.
+# CPU builds have no such function; the simulated runtime adds one while it is active (and, on
+# CUDA builds, stand-in classes that do not extend torch's), and cgguard.testing has
+# cgguard._install call patch_device_sync() again as they come and go.
 
 
 def patch_device_sync(guard: Guard) -> None:
-    """Wrap torch._C._cuda_synchronize if it exists and the guard's wrapper is not there."""
+    """Wrap torch._C._cuda_synchronize if it exists, and the hooked methods of stand-ins that do
+    not extend torch's classes, where the guard's wrappers are not all there already."""
     c_module = sys.modules["torch._C"]
-    if guard.device_sync.holds(c_module, "_cuda_synchronize"):
+    changes: list[tuple[Any, str, Callable[[Any], Any]]] = []
+    if "_cuda_synchronize" in vars(c_module):
+        changes.append((c_module, "_cuda_synchronize", guard.make_device_sync))
+    hooks = _class_hooks(guard)
+    changes += [(cls, name, make) for kind, cls in _standins() for name, make in hooks[kind]]
+    wanted = [describe(owner, name) for owner, name, _ in changes]
+    if guard.device_sync.targets() == wanted and all(
+        guard.device_sync.holds(owner, name) for owner, name, _ in changes
+    ):
         return
     guard.device_sync.restore()  # a wrapper of ours replaced since is only forgotten
-    if "_cuda_synchronize" in vars(c_module):
-        guard.device_sync.wrap(c_module, "_cuda_synchronize", guard.make_device_sync)
+    guard.device_sync.apply(changes)

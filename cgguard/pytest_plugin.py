@@ -42,7 +42,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--cgguard-simulate-cuda",
         action="store_true",
-        help="run the session on cgguard's simulated CUDA runtime (CPU-only torch builds)",
+        help="run the session on cgguard's simulated CUDA runtime (where no CUDA device is usable)",
     )
     parser.addini("cgguard", "like --cgguard", type="bool", default=False)
     parser.addini(

@@ -41,10 +41,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         "cuda": None
         if torch.cuda.is_available()
         else "needs a CUDA device: torch.cuda.is_available() is False",
-        # On a CUDA build torch's stream and graph classes are C types the simulation cannot
-        # stand in for; those machines run the same scenarios as `cuda` tests instead.
-        "simulated": "needs a CPU-only torch build (this one has CUDA compiled in)"
-        if torch.backends.cuda.is_built()
+        # The simulation refuses to shadow a usable device; such machines run the same
+        # scenarios as `cuda` tests instead.
+        "simulated": "needs no usable CUDA device: the simulation would shadow the real one"
+        if torch.cuda.is_available()
         else None,
     }
     for item in items:

@@ -12,6 +12,34 @@ DISABLED_SENTENCE = (
 )
 
 
+def patched_count() -> int:
+    """How many of torch's entry points install() patches here: torch_entry_points(), and
+    torch._C._cuda_synchronize where the build has it (CUDA builds; on CPU builds only the
+    simulated runtime adds one)."""
+    import torch
+
+    return len(torch_entry_points()) + int(hasattr(torch._C, "_cuda_synchronize"))
+
+
+def standin_hooks() -> list[str]:
+    """The hooks the simulated runtime's stand-ins carry themselves while cgguard is installed:
+    on a CUDA build they cannot extend torch's classes, so torch's hooks do not reach them."""
+    import torch
+
+    if not torch.backends.cuda.is_built():
+        return []
+    return [
+        "cgguard.testing._simcuda._SimulatedCUDAGraph.capture_begin",
+        "cgguard.testing._simcuda._SimulatedCUDAGraph.capture_end",
+        "cgguard.testing._simcuda._SimulatedStream.synchronize",
+        "cgguard.testing._simcuda._SimulatedStream.query",
+        "cgguard.testing._simcuda._SimulatedEvent.synchronize",
+        "cgguard.testing._simcuda._SimulatedEvent.query",
+        "cgguard.testing._simcuda._SimulatedEvent.record",
+        "cgguard.testing._simcuda._SimulatedEvent.elapsed_time",
+    ]
+
+
 class SourceFile:
     """A Python file whose lines are found by the comment that ends them, ``# marker``."""
 
@@ -75,8 +103,8 @@ def torch_entry_points() -> tuple[str, ...]:
         "torch.cuda.graphs.CUDAGraph.capture_begin",
         "torch.cuda.graphs.CUDAGraph.capture_end",
         "torch.cuda.streams.Stream.synchronize",
-        "torch.cuda.streams.Event.synchronize",
         "torch.cuda.streams.Stream.query",
+        "torch.cuda.streams.Event.synchronize",
         "torch.cuda.streams.Event.query",
         "torch.cuda.streams.Event.record",
         "torch.cuda.streams.Event.elapsed_time",
@@ -90,7 +118,3 @@ def torch_entry_points() -> tuple[str, ...]:
         if "_accelerator_synchronizeDevice" in vars(torch._C):
             points += ("torch._C._accelerator_synchronizeDevice",)
     return points
-
-
-# How many entry points install() patches here, as subprocess tests print it.
-PATCHED_COUNT = len(torch_entry_points())

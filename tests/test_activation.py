@@ -12,7 +12,7 @@ import venv
 from pathlib import Path
 
 import pytest
-from helpers import PATCHED_COUNT, clean_environ
+from helpers import clean_environ, patched_count
 
 from cgguard._runner import BOOT_DIR
 
@@ -40,7 +40,7 @@ def cgguard_run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_enabled_variable_activates_through_the_pth() -> None:
     """CGGUARD_ENABLED=1 alone patches torch when the program imports it, silently."""
     done = python(PATCHED, clean_environ(CGGUARD_ENABLED="1"))
-    assert (done.returncode, done.stdout, done.stderr) == (0, f"{PATCHED_COUNT} pth\n", "")
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"{patched_count()} pth\n", "")
 
 
 @pytest.mark.subprocess
@@ -80,7 +80,7 @@ def test_bad_enabled_value_warns_and_stays_off() -> None:
     """CGGUARD_ENABLED with an unknown spelling warns once and does not activate."""
     done = python(PATCHED, clean_environ(CGGUARD_ENABLED="maybe", PYTHONPATH=EXAMPLE))
     # The sitecustomize folder alone would activate; an unreadable switch leaves that default.
-    assert done.stdout == f"{PATCHED_COUNT} sitecustomize\n"
+    assert done.stdout == f"{patched_count()} sitecustomize\n"
     assert done.stderr == (
         "cgguard: ignoring CGGUARD_ENABLED='maybe': accepted values are "
         "1/true/yes/on or 0/false/no/off\n"
@@ -169,8 +169,11 @@ def test_patch_failure_leaves_torch_importable() -> None:
 def test_sitecustomize_folder_activates_by_itself() -> None:
     """sitecustomize_example on PYTHONPATH is the opt-in: no variable needed."""
     done = python(PATCHED, clean_environ(PYTHONPATH=EXAMPLE))
-    expected = (0, f"{PATCHED_COUNT} sitecustomize\n", "")
-    assert (done.returncode, done.stdout, done.stderr) == expected
+    assert (done.returncode, done.stdout, done.stderr) == (
+        0,
+        f"{patched_count()} sitecustomize\n",
+        "",
+    )
 
 
 @pytest.mark.subprocess
@@ -189,7 +192,7 @@ def test_users_own_sitecustomize_still_runs(tmp_path: Path) -> None:
     env = clean_environ(PYTHONPATH=os.pathsep.join([EXAMPLE, str(own)]))
     done = python(PATCHED + "; import builtins; print(builtins.OWN_SITE)", env)
     assert (done.returncode, done.stderr) == (0, "")
-    assert done.stdout == f"{PATCHED_COUNT} sitecustomize\n{own / 'sitecustomize.py'}\n"
+    assert done.stdout == f"{patched_count()} sitecustomize\n{own / 'sitecustomize.py'}\n"
 
 
 def test_example_is_the_runners_bootstrap() -> None:
@@ -209,7 +212,7 @@ def test_three_activations_patch_once() -> None:
         print(len(s.patched), s.activated_by, inspect.isfunction(enter.__wrapped__))
         """
     done = python(code, clean_environ(CGGUARD_ENABLED="1", PYTHONPATH=EXAMPLE))
-    assert (done.returncode, done.stdout, done.stderr) == (0, f"{PATCHED_COUNT} pth True\n", "")
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"{patched_count()} pth True\n", "")
 
 
 CHILDREN = """
@@ -238,9 +241,8 @@ def test_children_inherit_activation(tmp_path: Path) -> None:
     script.write_text(textwrap.dedent(CHILDREN))
     done = cgguard_run(str(script))
     assert (done.returncode, done.stderr) == (0, "")
-    assert done.stdout == "".join(
-        f"{method} {PATCHED_COUNT}\n" for method in ("subprocess", "spawn", "forkserver")
-    )
+    n = patched_count()
+    assert done.stdout == f"subprocess {n}\nspawn {n}\nforkserver {n}\n"
 
 
 @pytest.mark.subprocess
@@ -305,4 +307,4 @@ def test_explicit_install_before_torch_keeps_its_configuration() -> None:
         print(s.config.mode, len(s.patched))
         """
     done = python(code, clean_environ(CGGUARD_ENABLED="1"))
-    assert (done.returncode, done.stdout, done.stderr) == (0, f"log {PATCHED_COUNT}\n", "")
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"log {patched_count()}\n", "")

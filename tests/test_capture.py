@@ -444,7 +444,9 @@ def test_capture_begun_while_torch_prepares_another_is_concurrent(
             cgguard.follow_flag("cgg_framework", "capture_ok")
             assert cgguard.status().followed == ("cgg_framework.capture_ok",)
         in_window, b_began, release = threading.Event(), threading.Event(), threading.Event()
-        empty_cache = torch._C._host_emptyCache
+        # torch.cuda.graph.__enter__ calls torch.cuda.empty_cache() between its synchronize and
+        # capture_begin in every torch release (torch._C._host_emptyCache not in 2.1).
+        empty_cache = torch.cuda.empty_cache
 
         def slow_empty_cache() -> None:
             if threading.current_thread().name == "A":
@@ -452,8 +454,7 @@ def test_capture_begun_while_torch_prepares_another_is_concurrent(
                 assert b_began.wait(timeout=20)
             empty_cache()
 
-        # Set by hand, inside the simulation that owns the attribute and takes it away on exit.
-        torch._C._host_emptyCache = slow_empty_cache
+        torch.cuda.empty_cache = slow_empty_cache
         b_graph, b_stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
 
         def thread_a() -> None:
@@ -477,7 +478,7 @@ def test_capture_begun_while_torch_prepares_another_is_concurrent(
         try:
             join_all(a)
         finally:
-            torch._C._host_emptyCache = empty_cache
+            torch.cuda.empty_cache = empty_cache
         release.set()
         join_all(b)
     assert [(e["rule"], e["api"], e["action"]) for e in events] == [
@@ -544,7 +545,8 @@ def test_capture_made_while_torch_prepares_another_on_one_thread(
 
     with simulated_cuda():
         install("log")
-        empty_cache, hooked = torch._C._host_emptyCache, []
+        # Called by torch.cuda.graph.__enter__ before capture_begin in every torch release.
+        empty_cache, hooked = torch.cuda.empty_cache, []
 
         def capturing_empty_cache() -> None:
             empty_cache()
@@ -553,13 +555,12 @@ def test_capture_made_while_torch_prepares_another_on_one_thread(
                 with torch.cuda.graph(torch.cuda.CUDAGraph()):  # @hook-captures
                     pass
 
-        # Set by hand, inside the simulation that owns the attribute and takes it away on exit.
-        torch._C._host_emptyCache = capturing_empty_cache
+        torch.cuda.empty_cache = capturing_empty_cache
         try:
             with cgguard.capture_disabled(), torch.cuda.graph(torch.cuda.CUDAGraph()):  # @prepared
                 pass
         finally:
-            torch._C._host_emptyCache = empty_cache
+            torch.cuda.empty_cache = empty_cache
     # Each capture checked once, as the torch.cuda.graph it is: none again at capture_begin.
     assert [(e["rule"], e["api"], e["stack"][-1]["line"]) for e in events] == [
         ("capture_disabled", "torch.cuda.graph", line_of("@prepared")),
@@ -660,7 +661,8 @@ def test_a_hook_held_after_uninstall_lets_everything_through(
 
     with simulated_cuda():
         install()
-        begin = torch.cuda.graphs.CUDAGraph.capture_begin  # cached by a library, say
+        # Cached by a library, say: torch's hooked method, or on a CUDA build the stand-in's own.
+        begin = torch.cuda.CUDAGraph.capture_begin
         cgguard.uninstall()
         graph = torch.cuda.CUDAGraph()
         with cgguard.capture_disabled(), torch.cuda.stream(torch.cuda.Stream()):

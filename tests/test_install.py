@@ -12,15 +12,20 @@ import threading
 import pytest
 import torch
 import wrapt
-from helpers import torch_entry_points
+from helpers import patched_count, standin_hooks, torch_entry_points
 
 import cgguard
 from cgguard import _patches
 from cgguard._guard import FLAG
 from cgguard._install import CaptureInfo
-from cgguard.testing import simulated_cuda
+from cgguard.testing import _simcuda, active_simulation, simulated_cuda
 
-TORCH_ENTRY_POINTS = torch_entry_points()
+ENTRY_POINTS = torch_entry_points()
+CUDA_BUILT = torch.backends.cuda.is_built()
+# torch's own device synchronize, which only CUDA builds have (CPU builds get the simulated
+# runtime's while it is in place).
+DEVICE_SYNC = ("torch._C._cuda_synchronize",) if CUDA_BUILT else ()
+STANDIN_HOOKS = tuple(standin_hooks())
 
 
 def entry_points() -> dict[str, object]:
@@ -34,6 +39,16 @@ def entry_points() -> dict[str, object]:
         "torch.cuda.graph": torch.cuda.graph,
         "torch.cuda.CUDAGraph": torch.cuda.CUDAGraph,
     }
+
+
+def simulation_hooks() -> tuple[object, list[list[str]]]:
+    """torch._C._cuda_synchronize as it is now, and the hooked methods each stand-in holds
+    itself (some only while simulated and installed on a CUDA build)."""
+    own = [
+        sorted(set(vars(cls)) & {"capture_begin", "capture_end", "synchronize"})
+        for cls in _simcuda._standins(torch).values()
+    ]
+    return vars(torch._C).get("_cuda_synchronize"), own
 
 
 def run_python(code: str) -> str:
@@ -81,7 +96,7 @@ def test_install_is_idempotent() -> None:
     once = entry_points()
     cgguard.install()
     assert entry_points() == once
-    assert cgguard.status().patched == TORCH_ENTRY_POINTS
+    assert cgguard.status().patched == ENTRY_POINTS + DEVICE_SYNC
 
 
 def test_install_with_config_switches_configuration() -> None:
@@ -134,7 +149,7 @@ def test_uninstall_restores_attributes_exactly() -> None:
 )
 def test_simulation_and_install_restore_in_any_order(order: str) -> None:
     """With the simulated runtime set up before or after install, all of torch comes back."""
-    before = entry_points()
+    before = entry_points(), simulation_hooks()
     simulation = simulated_cuda()
     steps = {
         "sim": simulation.__enter__,
@@ -144,22 +159,29 @@ def test_simulation_and_install_restore_in_any_order(order: str) -> None:
     }
     for step in order.split():
         steps[step]()
-        if step == "sim" and cgguard.is_installed():
-            # Patches made before the simulation still guard the stand-in's captures.
+        if cgguard.is_installed() and active_simulation() is not None:
+            # Patches made before or after the simulation guard the stand-in's captures.
             with cgguard.capture_disabled(), pytest.raises(cgguard.CaptureDisabledError):
                 torch.cuda.CUDAGraph().capture_begin()
-    assert entry_points() == before
+    assert (entry_points(), simulation_hooks()) == before
 
 
 @pytest.mark.simulated
 def test_patches_go_on_the_real_class_under_simulation() -> None:
-    """Installed while simulated, the real CUDAGraph is patched, not the stand-in."""
+    """Installed while simulated, the real CUDAGraph is patched; the stand-in carries hooks of its
+    own only where it cannot extend the real class (CUDA builds), and only while simulated."""
     with simulated_cuda():
         cgguard.install()
-        assert torch.cuda.CUDAGraph is not torch.cuda.graphs.CUDAGraph
-        assert _patches.real_class(torch.cuda.CUDAGraph) is torch.cuda.graphs.CUDAGraph
-        assert "capture_begin" not in vars(torch.cuda.CUDAGraph)
+        standin = torch.cuda.CUDAGraph
+        assert standin is not torch.cuda.graphs.CUDAGraph
+        assert _patches.real_class(standin) is torch.cuda.graphs.CUDAGraph
         assert isinstance(vars(torch.cuda.graphs.CUDAGraph)["capture_begin"], wrapt.FunctionWrapper)
+        hooked = isinstance(vars(standin).get("capture_begin"), wrapt.FunctionWrapper)
+        assert (hooked, issubclass(standin, torch.cuda.graphs.CUDAGraph)) == (
+            CUDA_BUILT,
+            not CUDA_BUILT,
+        )
+    assert "capture_begin" not in vars(standin)
 
 
 def test_patch_failure_warns_and_leaves_torch_alone(
@@ -195,7 +217,7 @@ def test_install_before_torch_patches_on_import() -> None:
         print("torch imported by install:", "torch" in sys.modules)
         import torch
         print("patched:", type(vars(torch.cuda.graphs.graph)["__enter__"]).__name__)
-        from cgguard.testing import simulated_cuda
+        from cgguard.testing import _simcuda, active_simulation, simulated_cuda
         with simulated_cuda(), cgguard.capture_disabled():
             try:
                 torch.cuda.graph(torch.cuda.CUDAGraph()).__enter__()
@@ -252,7 +274,7 @@ def test_install_while_another_thread_imports_torch() -> None:
         print(len(cgguard.status().patched))
         """
     )
-    assert out == f"{len(TORCH_ENTRY_POINTS)}\n"
+    assert out == f"{patched_count()}\n"
 
 
 @pytest.mark.subprocess
@@ -335,7 +357,7 @@ def test_status_says_what_cgguard_is_doing() -> None:
         installed=True,
         activated_by=None,
         # torch._C._cuda_synchronize: the simulated runtime's, while it is in place.
-        patched=(*TORCH_ENTRY_POINTS, "torch._C._cuda_synchronize"),
+        patched=(*ENTRY_POINTS, "torch._C._cuda_synchronize", *STANDIN_HOOKS),
         waiting_for_torch=False,
         followed=(),
         waiting_to_follow=(
@@ -349,4 +371,4 @@ def test_status_says_what_cgguard_is_doing() -> None:
         config=config,
     )
     # The simulation's device synchronize went with it.
-    assert (cgguard.status().captures, cgguard.status().patched) == ((), TORCH_ENTRY_POINTS)
+    assert (cgguard.status().captures, cgguard.status().patched) == ((), ENTRY_POINTS + DEVICE_SYNC)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -545,7 +546,10 @@ def test_a_torchrun_job_merges_into_one_report(
         command, env=clean_environ(), capture_output=True, text=True, timeout=240, check=False
     )
     assert result.returncode == 0, result.stderr
-    pids = {line["rank"]: line["pid"] for line in map(json.loads, result.stdout.splitlines())}
+    # The two ranks share torchrun's stdout: their lines may interleave, so each object is
+    # found on its own rather than read a line at a time.
+    said = [json.loads(text) for text in re.findall(r"\{[^{}]*\}", result.stdout)]
+    pids = {line["rank"]: line["pid"] for line in said}
     status, out, err = run(capsys, "--format", "json", str(folder))
     merged = json.loads(out)
     host = socket.gethostname()

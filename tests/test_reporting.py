@@ -1226,9 +1226,11 @@ from cgguard import _report
 def child():
     for _ in range(40):
         violate()  # one site, counted forty times
-    code = child.__code__
-    for n in range(30):  # thirty sites more, past what the capturing thread writes itself
-        _guard.current.check_begin("torch.cuda.graph", 1, "global", (code, 2 * n))
+    code, end = child.__code__, len(child.__code__.co_code)
+    # Thirty sites more, past what the capturing thread writes itself: offsets past the end of
+    # child's own instructions, so that none is the violate() call's on any Python's bytecode.
+    for n in range(30):
+        _guard.current.check_begin("torch.cuda.graph", 1, "global", (code, end + 2 * n))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
+from torch.torch_version import TorchVersion
 
 from cgguard.testing import simulated_cuda
 from cgguard.testing._simcuda import (
@@ -33,6 +35,19 @@ MISSING = object()
 REAL_GRAPH = torch.cuda.graphs.CUDAGraph
 REAL_STREAM = torch.cuda.streams.Stream
 REAL_EVENT = torch.cuda.streams.Event
+CUDA_BUILT = torch.backends.cuda.is_built()
+# torch's own, on CUDA builds; on CPU-only builds only while the simulation adds it.
+HAS_HOST_EMPTY_CACHE = hasattr(torch._C, "_host_emptyCache")
+# torch 2.15's graph.__exit__ restores the stream in a `finally` (torch/cuda/graphs.py): earlier
+# releases skip the restore when capture_end raises.
+RESTORES_STREAM_AFTER_FAILED_END = TorchVersion(torch.__version__) >= "2.15"
+# What torch.cuda.graph.__enter__ asks of the driver besides its synchronize: torch 2.1 does not
+# empty the host cache.
+HOST_EMPTY_CACHE = (
+    [Call("host_empty_cache", (), "MainThread")]
+    if "_host_emptyCache" in inspect.getsource(torch.cuda.graphs.graph.__enter__)
+    else []
+)
 
 # (owner, attribute) pairs the simulation may touch; all must be as they were after each test.
 WATCHED = [
@@ -126,7 +141,9 @@ def test_context_restores_torch_exactly() -> None:
         assert torch.cuda.CUDAGraph is not torch.cuda.graphs.CUDAGraph
         assert callable(torch._C._host_emptyCache)
     assert_same(before, snapshot())
-    assert not hasattr(torch._C, "_host_emptyCache")
+    # Added for the context on a CPU-only build and gone again; torch's own, put back, on a
+    # CUDA build.
+    assert hasattr(torch._C, "_host_emptyCache") is HAS_HOST_EMPTY_CACHE
 
 
 def test_context_restores_torch_after_exception() -> None:
@@ -135,7 +152,9 @@ def test_context_restores_torch_after_exception() -> None:
     with pytest.raises(KeyError), simulated_cuda():
         raise KeyError("boom")
     assert_same(before, snapshot())
-    assert not hasattr(torch._C, "_host_emptyCache")
+    # Added for the context on a CPU-only build and gone again; torch's own, put back, on a
+    # CUDA build.
+    assert hasattr(torch._C, "_host_emptyCache") is HAS_HOST_EMPTY_CACHE
 
 
 def test_default_capture_stream_restored(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -160,7 +179,7 @@ def test_graph_context_then_replay_records_calls(sim: SimulatedCuda) -> None:
     g.replay()
     expected = [
         Call("synchronize", (), "MainThread"),
-        Call("host_empty_cache", (), "MainThread"),
+        *HOST_EMPTY_CACHE,
         Call("set_stream", (1,), "MainThread"),
         Call("capture_begin", (1, 1, "global"), "MainThread"),
         Call("capture_end", (1, True), "MainThread"),
@@ -320,17 +339,19 @@ def test_nested_graph_fails_in_synchronize_and_poisons_outer(sim: SimulatedCuda)
     assert str(info.value.__context__) == PROHIBITED
     expected = [
         Call("synchronize", (), "MainThread"),
-        Call("host_empty_cache", (), "MainThread"),
+        *HOST_EMPTY_CACHE,
         Call("set_stream", (1,), "MainThread"),
         Call("capture_begin", (1, 1, "global"), "MainThread"),
         Call("synchronize", (), "MainThread"),
         Call("capture_invalidated", (1,), "MainThread"),
         Call("capture_end", (1, False), "MainThread"),
+        *([Call("set_stream", (0,), "MainThread")] if RESTORES_STREAM_AFTER_FAILED_END else []),
     ]
     assert expected == sim.calls
     assert sim.active_captures() == []
-    # torch's graph.__exit__ never reaches its stream restore once capture_end raises.
-    assert torch.cuda.current_stream().stream_id == 1
+    # Before 2.15, torch's graph.__exit__ never reaches its stream restore once capture_end
+    # raises.
+    assert torch.cuda.current_stream().stream_id == (0 if RESTORES_STREAM_AFTER_FAILED_END else 1)
 
 
 def test_current_stream_is_per_thread(sim: SimulatedCuda) -> None:
@@ -470,6 +491,69 @@ def test_reentry_refused(sim: SimulatedCuda) -> None:
     assert str(info.value) == "simulated_cuda() is already active [simulated CUDA]"
 
 
+CUDA_BUILD_STANDINS = """
+import os, torch, cgguard
+from cgguard.testing import simulated_cuda
+
+torch.backends.cuda.is_built = lambda: True  # before the first simulation builds its stand-ins
+cgguard.install(cgguard.Config(log_file=os.devnull))
+with simulated_cuda() as sim:
+    graph_class = torch.cuda.CUDAGraph
+    print("extends torch's:", issubclass(graph_class, torch.cuda.graphs.CUDAGraph))
+    print("hooked itself:", sorted(set(vars(graph_class)) & {"capture_begin", "capture_end"}))
+    graph, x = graph_class(), torch.zeros(2)
+    with torch.cuda.graph(graph):
+        x.add_(1)
+    graph.replay()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with cgguard.capture_disabled(), torch.cuda.stream(side):
+            graph_class().capture_begin()
+    except cgguard.CaptureDisabledError:
+        print("refused")
+    print([name for name, _, _ in sim.calls if name != "host_empty_cache"])
+print("hooked after:", sorted(set(vars(graph_class)) & {"capture_begin", "capture_end"}))
+"""
+
+
+@pytest.mark.subprocess
+def test_the_standins_of_a_cuda_build_run_and_are_guarded_on_any_build() -> None:
+    """The stand-ins a CUDA build gets (cgguard's own classes with torch's Python layer, since
+    torch's extend C types that need a driver) run torch.cuda.graph and streams, and carry
+    cgguard's hooks only while both are in place: checked here whatever this build is."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-c", CUDA_BUILD_STANDINS],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    calls = [
+        "synchronize",
+        "set_stream",
+        "capture_begin",
+        "capture_end",
+        "set_stream",
+        "replay",
+        "event_record",
+        "event_wait",
+        # The refused capture_begin never reaches the runtime: only the stream switches.
+        "set_stream",
+        "set_stream",
+    ]
+    expected = [
+        "extends torch's: False",
+        "hooked itself: ['capture_begin', 'capture_end']",
+        "refused",
+        str(calls),
+        "hooked after: []",
+    ]
+    assert (out.returncode, out.stdout.splitlines()) == (0, expected), out.stderr
+
+
 @pytest.mark.subprocess
 def test_import_does_not_import_torch() -> None:
     """Importing the module leaves torch unimported."""
@@ -489,6 +573,11 @@ def test_import_does_not_import_torch() -> None:
     assert out.stdout == "False\n"
 
 
+@pytest.mark.skipif(
+    CUDA_BUILT,
+    reason="a CUDA build's stand-ins cannot extend torch's CUDAGraph (a C type that needs a "
+    "driver): cgguard hooks them itself, see test_install.py",
+)
 def test_patches_on_the_real_class_reach_the_standin(
     sim: SimulatedCuda, monkeypatch: pytest.MonkeyPatch
 ) -> None:

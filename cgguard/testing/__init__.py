@@ -1,8 +1,9 @@
 """Testing capture code without a GPU: cgguard's simulated CUDA runtime and a violation recorder.
 
-The simulated runtime is a simulation: it lets torch's own Python code for CUDA graphs run on a
-CPU-only torch build and fails where CUDA would, but it runs no kernel and proves nothing about a
-real GPU. Under pytest, the cgguard plugin's ``simulated_cuda_runtime`` fixture provides it.
+The simulated runtime is a simulation: it lets torch's own Python code for CUDA graphs run
+without a CUDA device, on a CPU-only or a CUDA build of torch, and fails where CUDA would, but it
+runs no kernel and proves nothing about a real GPU. Under pytest, the cgguard plugin's
+``simulated_cuda_runtime`` fixture provides it.
 """
 
 from __future__ import annotations
@@ -35,17 +36,17 @@ def simulated_cuda(*, force: bool = False) -> Iterator[SimulatedCuda]:
     """Run torch's real CUDA-graph code over cgguard's simulated CUDA runtime (no GPU).
 
     Replaces torch.cuda's graph, stream and event entry points with stand-ins for the duration
-    and restores every one on exit. Refuses where real CUDA is available unless ``force``.
-    Composes with an installed cgguard, in either order: the simulated device synchronize is
-    guarded while both are in place.
+    and restores every one on exit. Runs on CPU-only and CUDA builds of torch; refuses where a
+    CUDA device is available unless ``force``. Composes with an installed cgguard, in either
+    order: while both are in place, the simulated device synchronize is guarded, and so are the
+    stand-ins where they do not extend torch's classes (CUDA builds).
     """
-    with _simcuda.simulated_runtime(force=force) as runtime:
-        _install.refresh_device_sync()
-        try:
-            yield runtime
-        finally:
-            # Let go of the simulated synchronize before the simulation removes it.
-            _install.release_device_sync()
+    # cgguard lets go of what the simulation is about to replace (torch's own synchronize on a
+    # CUDA build, the simulated one on the way out) and takes up what replaced it.
+    with _simcuda.simulated_runtime(
+        force=force, unhook=_install.release_device_sync, rehook=_install.refresh_device_sync
+    ) as runtime:
+        yield runtime
 
 
 def active_simulation() -> SimulatedCuda | None:
@@ -83,7 +84,7 @@ def start_session_simulation() -> None:
     stack = contextlib.ExitStack()
     try:
         stack.enter_context(simulated_cuda())
-    except Exception as exc:  # e.g. a torch built with CUDA: guard it all the same, unsimulated
+    except Exception as exc:  # e.g. a usable CUDA device: guard it all the same, unsimulated
         warn_once("simulation", f"CGGUARD_SIMULATE_CUDA: no simulated CUDA runtime: {exc}")
         return
     _session = stack

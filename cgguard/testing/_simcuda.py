@@ -549,6 +549,59 @@ class _EventBackend:
         return f"<torch.cuda.Event event_id={self._simcuda_id}{_SUFFIX}>"
 
 
+# torch's own Python layer over its C classes, as torch/cuda/graphs.py and torch/cuda/streams.py
+# write it (CUDAGraph.capture_begin, Stream.wait_event/wait_stream/record_event, Event.record/
+# wait), for CUDA builds only. There torch's CUDAGraph and Stream extend C types whose constructors
+# need a working driver, so a stand-in cannot extend them, and their methods' zero-argument super()
+# works only for their own subclasses: the stand-ins carry this copy of the layer instead. On
+# CPU builds the C bases are empty placeholders, and the stand-ins extend torch's classes and run
+# this layer from torch itself.
+
+
+class _GraphLayer:
+    """torch.cuda.CUDAGraph's Python layer, for CUDA builds (torch/cuda/graphs.py)."""
+
+    def capture_begin(
+        self,
+        pool: object = None,
+        capture_error_mode: object = "global",
+        check_input_liveness: bool = False,
+    ) -> None:
+        # check_input_liveness (torch 2.13+) only arms a tracker of tensors on the real device;
+        # torch.cuda.graph passes it on every capture.
+        super().capture_begin(pool=pool, capture_error_mode=capture_error_mode)  # type: ignore[misc]
+
+
+class _StreamLayer:
+    """torch.cuda.Stream's Python layer, for CUDA builds (torch/cuda/streams.py)."""
+
+    def wait_event(self, event: Any) -> None:
+        event.wait(self)
+
+    def wait_stream(self, stream: Any) -> None:
+        self.wait_event(stream.record_event())
+
+    def record_event(self, event: Any = None) -> Any:
+        if event is None:
+            event = _STANDINS["Event"]()
+        event.record(self)
+        return event
+
+
+class _EventLayer:
+    """torch.cuda.Event's Python layer, for CUDA builds (torch/cuda/streams.py)."""
+
+    def record(self, stream: Any = None) -> None:
+        if stream is None:
+            stream = _current_stream()
+        super().record(stream)  # type: ignore[misc]
+
+    def wait(self, stream: Any = None) -> None:
+        if stream is None:
+            stream = _current_stream()
+        super().wait(stream)  # type: ignore[misc]
+
+
 def _ignore_init(self: object, *args: object, **kwargs: object) -> None:
     """Stand-ins are set up in __new__; torch's dummy bases would refuse __init__."""
 
@@ -596,19 +649,23 @@ def _event_new(
     return self
 
 
-def _standin(name: str, real: type, backend: type, new: Callable[..., Any]) -> type:
-    # Built with type() because the real bases only exist once torch is imported; the backend
-    # comes after the real class in the MRO so the real methods' super() calls reach it.
+def _standin(name: str, real: type, bases: tuple[type, ...], new: Callable[..., Any]) -> type:
+    # Built with type() because the real classes only exist once torch is imported. The backend
+    # comes last, so torch's super() calls (CPU builds) or the copied layer's (CUDA builds) reach
+    # it. _cgguard_stands_for names torch's class for cgguard._patches.real_class, which a
+    # stand-in on a CUDA build does not extend.
+    backend = bases[-1]
     return type(
         name,
-        (real, backend),
+        bases,
         {
             "__module__": __name__,
             "__doc__": f"cgguard's stand-in for torch.cuda.{real.__name__}{_SUFFIX}.",
             "__new__": new,
             "__init__": _ignore_init,
+            "_cgguard_stands_for": real,
             # The real classes define __repr__ too; the stand-in's must win and say "simulated".
-            "__repr__": vars(backend).get("__repr__", real.__repr__),
+            "__repr__": vars(backend).get("__repr__", bases[0].__repr__),
         },
     )
 
@@ -617,18 +674,21 @@ _STANDINS: dict[str, type] = {}
 
 
 def _standins(torch: ModuleType) -> dict[str, type]:
+    """The stand-ins for CUDAGraph, Stream and Event, by name: on a CPU build subclasses of
+    torch's own classes; on a CUDA build classes of cgguard's own, with torch's Python layer."""
     # Built once, so objects from one session still pass isinstance checks in the next.
     if not _STANDINS:
         cuda = torch.cuda
-        _STANDINS["CUDAGraph"] = _standin(
-            "_SimulatedCUDAGraph", cuda.graphs.CUDAGraph, _GraphBackend, _graph_new
+        backends: Any = torch.backends  # untyped in torch
+        table = (
+            ("CUDAGraph", cuda.graphs.CUDAGraph, _GraphLayer, _GraphBackend, _graph_new),
+            ("Stream", cuda.streams.Stream, _StreamLayer, _StreamBackend, _stream_new),
+            ("Event", cuda.streams.Event, _EventLayer, _EventBackend, _event_new),
         )
-        _STANDINS["Stream"] = _standin(
-            "_SimulatedStream", cuda.streams.Stream, _StreamBackend, _stream_new
-        )
-        _STANDINS["Event"] = _standin(
-            "_SimulatedEvent", cuda.streams.Event, _EventBackend, _event_new
-        )
+        extend_torch = not backends.cuda.is_built()
+        for name, real, layer, backend, new in table:
+            first = real if extend_torch else layer
+            _STANDINS[name] = _standin(f"_Simulated{name}", real, (first, backend), new)
     return _STANDINS
 
 
@@ -732,17 +792,46 @@ def _install(torch: ModuleType) -> PatchSet:
     return patches
 
 
+def _nothing() -> None:
+    """No hooks to move."""
+
+
 def active() -> SimulatedCuda | None:
     """The simulated runtime in place now, if any."""
     return _ACTIVE
 
 
 @contextlib.contextmanager
-def simulated_runtime(*, force: bool = False) -> Iterator[SimulatedCuda]:
-    """Run torch's real CUDA-graph code over cgguard's simulated CUDA runtime (no GPU).
+def simulated_runtime(
+    *,
+    force: bool = False,
+    unhook: Callable[[], None] = _nothing,
+    rehook: Callable[[], None] = _nothing,
+) -> Iterator[SimulatedCuda]:
+    """Run torch's CUDA-graph code over cgguard's simulated CUDA runtime (no GPU).
 
     Replaces torch.cuda's graph, stream and event entry points with stand-ins for the duration
     and restores every one on exit. Refuses where real CUDA is available unless ``force``.
+    ``unhook`` runs before each swap and ``rehook`` after it (both under the activation lock):
+    cgguard's hooks come off what is about to be replaced and go on what replaced it.
+
+    Which code is torch's own:
+
+    - on every build: ``torch.cuda.graph`` (``__init__``, ``__enter__``, ``__exit__``),
+      ``torch.cuda.synchronize`` and ``torch.cuda.empty_cache``, over simulated
+      ``torch._C._cuda_synchronize``, ``torch._C._host_emptyCache``, ``torch.cuda._lazy_init``
+      and device switches;
+    - on a CPU-only build, also the Python methods of ``CUDAGraph``, ``Stream`` and ``Event``:
+      the stand-ins extend torch's classes, whose C bases are empty placeholders there;
+    - on a CUDA build, not those methods: torch's classes extend C types that need a working
+      driver, so the stand-ins are cgguard's own classes with a copy of torch's Python layer
+      (``capture_begin``'s arguments, ``Stream.wait_event``/``wait_stream``/``record_event``,
+      ``Event.record``/``wait``); torch's later additions to ``CUDAGraph`` (capture hooks,
+      ``capture_end_pre``/``capture_end_post``, ``raw_cuda_graph``) are absent there;
+    - never: ``torch.cuda.stream``, ``current_stream``, ``default_stream``, ``set_stream``,
+      ``is_current_stream_capturing`` and ``graph_pool_handle``. torch's ``StreamContext``
+      switches nothing where no device index is known (``_get_device_index(None, True)`` is
+      None on both kinds of build without a device), so the simulation keeps its own.
     """
     global _ACTIVE
     import torch
@@ -755,20 +844,20 @@ def simulated_runtime(*, force: bool = False) -> Iterator[SimulatedCuda]:
                 "real CUDA is available and simulated_cuda() would shadow it; "
                 "pass force=True to simulate anyway" + _SUFFIX
             )
-        backends: Any = torch.backends  # untyped in torch
-        if backends.cuda.is_built():
-            # Stand-ins subclass torch's CUDA classes; on CUDA builds those are C types whose
-            # constructors need the real runtime, so the simulation cannot stand in for them.
-            raise SimulationError(
-                "simulated_cuda() needs a CPU-only build of torch; this one has CUDA compiled in"
-                + _SUFFIX
-            )
         sim = SimulatedCuda()
-        patches = _install(torch)
+        unhook()
+        try:
+            patches = _install(torch)
+        finally:
+            rehook()
         _ACTIVE = sim
     try:
         yield sim
     finally:
         with _ACTIVATION_LOCK:
             _ACTIVE = None
-            patches.restore()
+            unhook()
+            try:
+                patches.restore()
+            finally:
+                rehook()
