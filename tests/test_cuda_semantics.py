@@ -26,7 +26,10 @@ THIS_FILE = SourceFile(__file__)
 frame = THIS_FILE.frame
 PROHIBITED = "operation not permitted"
 INVALIDATED = "previous error during capture"
-HAS_ACCELERATOR_GRAPH = isinstance(getattr(torch.accelerator, "Graph", None), type)
+# torch.accelerator.Graph: torch 2.13 and later.
+HAS_ACCELERATOR_GRAPH = isinstance(
+    getattr(getattr(torch, "accelerator", None), "Graph", None), type
+)
 
 
 def on_thread(name: str, target: Callable[[], object]) -> object:
