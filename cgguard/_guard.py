@@ -227,10 +227,13 @@ class Guard:
         self.entering: dict[tuple[int, int], tuple[Record, tuple[int, ...]]] = {}
         # Events last recorded into a capture, with that capture's record: CUDA fails their
         # synchronize and query in every mode while it is active (cudaErrorCapturedEvent).
-        # Weak, so an entry goes with its event; an entry whose capture has ended is ignored
-        # (its record is no longer the active one), never searched for: iterating a weak
-        # dictionary while another thread adds to it fails.
+        # Weak, so an entry goes with its event. An entry counts only while its record is the
+        # active one, and goes when its capture ends, found through ``events_of``: the record
+        # may hold the capturing frame, with its tensors, and the dictionary is never iterated,
+        # which fails while another thread adds to it.
         self.captured_events: weakref.WeakKeyDictionary[Any, Record] = weakref.WeakKeyDictionary()
+        # The events recorded into each capture under way, by id() of its graph.
+        self.events_of: dict[int, list[weakref.ref[Any]]] = {}
 
     def forget_run(self) -> None:
         """A forked child's fresh start: no parent's counts, captures or locks.
@@ -244,6 +247,7 @@ class Guard:
         self.entering.clear()
         # Replaced, not cleared: the fork may have caught another thread inside it.
         self.captured_events = weakref.WeakKeyDictionary()
+        self.events_of = {}
         if self.report is not None:
             self.report.after_fork(self.ledger)
 
@@ -328,9 +332,11 @@ class Guard:
                 result = original(self, *args, **kwargs)
             except BaseException as exc:
                 if not guard._still_capturing(exc):
-                    active.pop(id(self), None)
+                    guard._forget_events(id(self), active.pop(id(self), None))
                 raise
-            active.pop(id(self), None)
+            ended = active.pop(id(self), None)
+            if guard.events_of:  # no event was recorded into any capture: nothing to forget
+                guard._forget_events(id(self), ended)
             return result
 
         return capture_end
@@ -370,8 +376,23 @@ class Guard:
                 self.captured_events.pop(event, None)
             else:
                 self.captured_events[event] = into
+                self.events_of.setdefault(into[0], []).append(weakref.ref(event))
         except Exception as exc:
             warn_once("guard:record", f"internal error while noting an event's record: {exc!r}")
+
+    def _forget_events(self, key: int, ended: Record | None) -> None:
+        """Drop the entries of the events recorded into a capture that has ended."""
+        refs = self.events_of.pop(key, None)
+        if not refs or ended is None:
+            return
+        try:
+            for ref in refs:
+                event = ref()
+                # Unless recorded since into another capture.
+                if event is not None and self.captured_events.get(event) is ended:
+                    self.captured_events.pop(event, None)
+        except Exception as exc:
+            warn_once("guard:events", f"internal error while forgetting events: {exc!r}")
 
     def checks_sync(self, api: str) -> Callable[[Any, Any, Any, Any], Any]:
         """A wrapt wrapper for a synchronize or query method: checked while anything captures."""
@@ -540,6 +561,7 @@ class Guard:
         for key, record in dead:
             # Popped first: of two threads that find it, one reports it.
             if self.active.get(key) is record and self.active.pop(key, None) is record:
+                self._forget_events(key, record)
                 _, _, api, _, stack = record
                 self._violated([("abandoned_capture", record)], api, stack, refuse=False)
 

@@ -7,8 +7,10 @@ The simulated scenarios run here; the `cuda` ones where a GPU exists.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -474,4 +476,31 @@ def test_an_event_from_an_earlier_capture_of_the_same_graph_is_ordinary(
     assert not isinstance(outcome, cgguard.CaptureViolation)
     if runtime.simulation is not None:
         assert outcome is True  # the simulation's pick for an ended capture's event
+    assert events == []
+
+
+class _Held:
+    """Something a capturing function holds, as a model holds its static tensors."""
+
+
+def test_an_event_that_outlives_its_capture_keeps_no_frame_alive(
+    runtime: Runtime, events: list[dict[str, Any]]
+) -> None:
+    """The captured-event record goes when its capture ends: the frame that began the capture,
+    with its locals, is not kept by an event the program keeps."""
+    cgguard.install(cgguard.Config(log_file=os.devnull))
+
+    def capture(graph: Any) -> tuple[Any, weakref.ref[_Held]]:
+        held = _Held()
+        done = torch.cuda.Event()
+        with torch.cuda.graph(graph):
+            runtime.tensor().add_(1)
+            done.record()
+        return done, weakref.ref(held)
+
+    graph = torch.cuda.CUDAGraph()
+    kept, local = capture(graph)
+    gc.collect()
+    assert local() is None
+    assert kept.query() is True  # an ordinary event again, not reported
     assert events == []
