@@ -139,6 +139,13 @@ class Exemptions:
         """Whether any exemption names ``rule``."""
         return rule in self._places
 
+    def after_fork(self) -> None:
+        """A forked child's own locks and counts: a lock another thread held at the fork (while
+        it matched a stack) would never be released in the child."""
+        self._lock = threading.Lock()
+        self._modules = Modules()
+        self.tally.after_fork()
+
     def match(self, rule: str, stack: Snapshot) -> Match | None:
         """The exemption of ``rule`` whose place is on ``stack``, innermost frame first."""
         places = self._places.get(rule)

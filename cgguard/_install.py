@@ -203,7 +203,7 @@ def _after_fork() -> None:
     if _guard.current is not None:
         _guard.current.forget_run()
         if _guard.current.exempt is not None:
-            _guard.current.exempt.tally.after_fork()
+            _guard.current.exempt.after_fork()
 
 
 def _at_exit() -> None:

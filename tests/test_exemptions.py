@@ -647,3 +647,46 @@ def test_summary_of_a_run_that_only_exempted_is_info(
         summary["totals"],
         summary["exempted_totals"],
     )
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_while_another_thread_matches_exemptions_does_not_hang() -> None:
+    """A lock another thread held at the fork is the child's own again, so matching goes on."""
+    from cgguard import _guard
+
+    install("capture_disabled=cgg_nowhere.")
+    exempt = _guard.current.exempt if _guard.current is not None else None
+    assert exempt is not None
+    holding, release = threading.Event(), threading.Event()
+
+    def matcher() -> None:
+        with exempt._lock:  # as a thread inside match() does
+            holding.set()
+            release.wait(timeout=20)
+
+    thread = threading.Thread(target=matcher)
+    thread.start()
+    assert holding.wait(timeout=20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads, Python 3.12+
+        pid = os.fork()
+    if pid == 0:  # the child: one frame to match, which takes the lock
+        code = 0
+        try:
+            exempt.match("capture_disabled", (sys._getframe().f_code, 0))
+        except BaseException:
+            code = 1
+        os._exit(code)
+    release.set()
+    thread.join()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung on the exemptions' lock")
+    assert os.waitstatus_to_exitcode(status) == 0
