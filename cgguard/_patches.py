@@ -123,16 +123,13 @@ def patch_torch(guard: Guard) -> None:
 
 def _stream_captures(cuda: ModuleType, stream: Any) -> bool:
     """Whether ``stream`` is capturing: torch answers only for the current stream, so the
-    stream is made current for the question (a thread-local setting, no CUDA call) and the
-    previous one put back. Asked only while something captures."""
-    previous = cuda.current_stream()
-    if stream == previous:
+    stream is made current for the question, through torch.cuda.stream, which puts back the
+    current stream of both devices when the stream is another device's (a thread-local
+    setting, no CUDA call). Asked only while something captures."""
+    if stream == cuda.current_stream():
         return bool(cuda.is_current_stream_capturing())
-    cuda.set_stream(stream)
-    try:
+    with cuda.stream(stream):
         return bool(cuda.is_current_stream_capturing())
-    finally:
-        cuda.set_stream(previous)
 
 
 def _accelerator_entry_points(guard: Guard) -> list[tuple[Any, str, Callable[[Any], Any]]]:

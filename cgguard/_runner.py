@@ -312,6 +312,10 @@ def program_environ(options: argparse.Namespace, environ: Mapping[str, str]) -> 
         elif setting.choices is EXEMPT:
             if value:  # repeated: one entry list, as the variable holds it
                 env[setting.variable] = _exempt.SEPARATOR.join(value)
+        elif setting.choices is PATH and value is not None:
+            # Where the command line was typed: a program that changes directory first (a
+            # launch script, a Ray worker in its session folder) reads the same file.
+            env[setting.variable] = os.path.abspath(value)
         elif value is not None:
             env[setting.variable] = value
     for rule, action in options.rule:

@@ -32,7 +32,7 @@ from helpers import (
 
 import cgguard
 from cgguard._runner import BOOT_DIR, program_environ, run_parser
-from cgguard._settings import BOOL, SETTINGS
+from cgguard._settings import BOOL, PATH, SETTINGS
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -436,9 +436,10 @@ def test_environment_of_the_program(tmp_path: Path, old: str | None, expected: s
         **plain_environ,
         "CGGUARD_MODE": "log",
         "CGGUARD_LOG_FORMAT": "json",
-        "CGGUARD_LOG_FILE": "cgg.log",
+        # Made absolute where the runner ran: the program may change directory first.
+        "CGGUARD_LOG_FILE": str(tmp_path / "cgg.log"),
         "CGGUARD_LOG_TARGET": "file",
-        "CGGUARD_REPORT": "cgg_report.json",
+        "CGGUARD_REPORT": str(tmp_path / "cgg_report.json"),
         "CGGUARD_CAPTURE": "disabled",
         "CGGUARD_SIMULATE_CUDA": "1",
         "CGGUARD_RULE_NESTED_CAPTURE": "off",
@@ -476,7 +477,7 @@ def test_rule_report_and_log_target_reach_the_program(tmp_path: Path) -> None:
         "CGGUARD_RULE_CAPTURE_DISABLED": "log",
         "CGGUARD_RULE_CONCURRENT_CAPTURE": "raise",
         "CGGUARD_RULE_SYNC_DURING_CAPTURE": "raise",
-        "CGGUARD_REPORT": "r.json",
+        "CGGUARD_REPORT": str(tmp_path / "r.json"),
         "CGGUARD_LOG_TARGET": "logging",
         "CGGUARD_ENABLED": "1",
         "PYTHONPATH": BOOT_DIR,
@@ -771,6 +772,21 @@ def test_every_boolean_setting_has_an_option_each_way(setting: Setting, value: b
     assert ("1" if value else "0") == env[setting.variable]
 
 
+PATHS = [s for s in SETTINGS.values() if s.choices is PATH]
+
+
+@pytest.mark.parametrize("setting", PATHS, ids=[s.field for s in PATHS])
+def test_a_relative_path_option_is_the_one_where_the_command_was_typed(
+    setting: Setting, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The program gets the path made absolute: it may change directory before it reads it.
+    ``{pid}`` stays for each process to fill in."""
+    monkeypatch.chdir(tmp_path)
+    options = run_parser().parse_args([setting.option, "out/r-{pid}.json"])
+    env = program_environ(options, {})
+    assert f"{tmp_path}/out/r-{{pid}}.json" == env[setting.variable]
+
+
 def test_version(tmp_path: Path) -> None:
     """``python -m cgguard --version`` and ``cgguard --version`` print cgguard's version."""
     expected = (0, f"cgguard {cgguard.__version__}\n".encode(), b"")
@@ -1009,9 +1025,9 @@ def test_program_importing_torch_is_guarded_as_configured(tmp_path: Path) -> Non
             "mode": "log",
             "rules": {"nested_capture": "off", "sync_during_capture": "raise"},
             "log_format": "json",
-            "log_file": "cgg.log",
+            "log_file": str(tmp_path / "cgg.log"),
             "log_target": "file",
-            "report": "cgg_report.json",
+            "report": str(tmp_path / "cgg_report.json"),
             "capture": "disabled",
             "simulate_cuda": True,
             "vllm_bridge": True,
