@@ -19,7 +19,7 @@ from cgguard._rules import NAMES
 from cgguard._settings import shown
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
 
     from cgguard._events import ViolationEvent
     from cgguard._frames import FrameInfo
@@ -44,6 +44,8 @@ class Process(TypedDict):
     world_size: int | str | None
     violations: int
     totals: dict[str, int]
+    exempted: int  # captures exemptions let through
+    exempted_totals: dict[str, int]
     report: str
     written_at: str | None
 
@@ -68,13 +70,26 @@ class MergedSite(TypedDict):
     first: ViolationEvent  # the earliest first event among the processes
 
 
+class MergedExempted(TypedDict):
+    """Captures one exemption let through for one rule at one place, across the job."""
+
+    rule: str
+    exemption: str
+    site: FrameInfo | None  # the innermost frame of the exempted call's stack
+    count: int
+    processes: list[Hit]
+
+
 class Merged(TypedDict):
-    """The whole job: totals per rule, the merged sites, and every process."""
+    """The whole job: totals per rule, the merged sites, what exemptions let through, and
+    every process."""
 
     reports: int
     hosts: list[str | None]
     totals: dict[str, int]
     violations: list[MergedSite]
+    exempted_totals: dict[str, int]
+    exempted: list[MergedExempted]
     processes: list[Process]
 
 
@@ -153,6 +168,13 @@ def _schema_problem(document: object) -> str | None:
             '"totals" is not an object of counts',
         ),
         (isinstance(violations, list), '"violations" is not a list'),
+        # Reports written before exemptions existed have neither key.
+        (
+            isinstance(get("exempted_totals", {}), dict)
+            and all(_is_int(n) for n in get("exempted_totals", {}).values()),
+            '"exempted_totals" is not an object of counts',
+        ),
+        (isinstance(get("exempted", []), list), '"exempted" is not a list'),
     ]
     for ok, problem in checks:
         if not ok:
@@ -161,6 +183,12 @@ def _schema_problem(document: object) -> str | None:
         found = _violation_problem(violation)
         if found is not None:
             return f"violations[{i}]: {found}"
+    for i, exempted in enumerate(get("exempted", [])):
+        found = _violation_problem(exempted)
+        if found is None and not isinstance(exempted.get("exemption"), str):
+            found = '"exemption" is not text'
+        if found is not None:
+            return f"exempted[{i}]: {found}"
     return None
 
 
@@ -235,18 +263,67 @@ def merge(reports: Sequence[tuple[str, dict[str, Any]]]) -> Merged:
     for merged in sites.values():
         merged["processes"].sort(key=_process_order)
     violations = sorted(sites.values(), key=_site_order)
-    totals: dict[str, int] = {}
-    for process in processes:
-        for rule, count in process["totals"].items():
-            totals[rule] = totals.get(rule, 0) + count
+    exempted = _merge_exempted(reports, processes)
     hosts = sorted({p["host"] for p in processes}, key=lambda h: (h is None, h or ""))
     return {
         "reports": len(processes),
         "hosts": hosts,
-        "totals": dict(sorted(totals.items(), key=lambda item: _rule_order(item[0]))),
+        "totals": _sum(p["totals"] for p in processes),
         "violations": violations,
+        "exempted_totals": _sum(p["exempted_totals"] for p in processes),
+        "exempted": exempted,
         "processes": processes,
     }
+
+
+def _merge_exempted(
+    reports: Sequence[tuple[str, dict[str, Any]]], processes: list[Process]
+) -> list[MergedExempted]:
+    """What exemptions let through, per rule, exemption and site, across the job."""
+    by_path = {p["report"]: p for p in processes}
+    sites: dict[tuple[str, str, str | None, int | None], MergedExempted] = {}
+    for path, document in reports:
+        process = by_path[path]
+        for entry in document.get("exempted", []):
+            stack = entry["first"]["stack"]
+            top: FrameInfo | None = stack[-1] if stack else None
+            key = (
+                entry["rule"],
+                entry["exemption"],
+                top["file"] if top else None,
+                top["line"] if top else None,
+            )
+            merged = sites.setdefault(
+                key,
+                {
+                    "rule": entry["rule"],
+                    "exemption": entry["exemption"],
+                    "site": top,
+                    "count": 0,
+                    "processes": [],
+                },
+            )
+            merged["count"] += entry["count"]
+            merged["processes"].append(
+                {
+                    "host": process["host"],
+                    "pid": process["pid"],
+                    "rank": process["rank"],
+                    "count": entry["count"],
+                }
+            )
+    for merged in sites.values():
+        merged["processes"].sort(key=_process_order)
+    return sorted(sites.values(), key=lambda site: (-site["count"], _rule_order(site["rule"])))
+
+
+def _sum(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """Counts per rule added up, in the rule table's order."""
+    totals: dict[str, int] = {}
+    for each in counts:
+        for rule, count in each.items():
+            totals[rule] = totals.get(rule, 0) + count
+    return dict(sorted(totals.items(), key=lambda item: _rule_order(item[0])))
 
 
 def _process(path: str, document: dict[str, Any]) -> Process:
@@ -254,6 +331,8 @@ def _process(path: str, document: dict[str, Any]) -> Process:
     # rendered when the report was written.
     held = sorted(document["totals"].items(), key=lambda item: _rule_order(item[0]))
     totals = {rule: count for rule, count in held if count}
+    exempted = sorted(document.get("exempted_totals", {}).items())
+    exempted_totals = {rule: count for rule, count in exempted if count}
     written_at = document.get("written_at")
     return {
         "host": document.get("host"),
@@ -263,6 +342,8 @@ def _process(path: str, document: dict[str, Any]) -> Process:
         "world_size": document.get("world_size"),
         "violations": sum(totals.values()),
         "totals": totals,
+        "exempted": sum(exempted_totals.values()),
+        "exempted_totals": exempted_totals,
         "report": path,
         "written_at": written_at if isinstance(written_at, str) else None,
     }
@@ -325,9 +406,20 @@ def _headline(merged: Merged) -> str:
         if count
         else "no violation"
     )
+    exempted = sum(merged["exempted_totals"].values())
+    if exempted:
+        found += f"; {exempted} exempted"
     return (
         f"{_plural(merged['reports'], 'process')} on {_plural(len(merged['hosts']), 'host')}: "
         f"{found}"
+    )
+
+
+def _exempted_line(site: MergedExempted) -> str:
+    return (
+        f"{site['rule']} at {_where(site['site'])}: {site['count']} exempted by "
+        f"{site['exemption']}, in "
+        + ", ".join(f"{_who(h)} ({h['count']})" for h in site["processes"])
     )
 
 
@@ -355,6 +447,8 @@ def _process_line(process: Process) -> str:
         if process["violations"]
         else "no violation"
     )
+    if process["exempted"]:
+        found += f" ({process['exempted']} exempted)"
     head = f"{process['host'] or _UNKNOWN_HOST} pid {process['pid']}"
     return "  ".join(part for part in (head, ranks, found, process["report"]) if part)
 
@@ -372,6 +466,9 @@ def render_text(merged: Merged) -> str:
         lines.append(f"  {site['first'].get('message', '')}")
         stacks = _stacks(dict(site["first"]))
         lines += [f"  {line}" if line else "" for line in stacks.splitlines()]
+    if merged["exempted"]:
+        lines += ["", "exempted:"]
+        lines += [f"  {_exempted_line(site)}" for site in merged["exempted"]]
     lines += ["", "processes:"]
     lines += [f"  {_process_line(process)}" for process in merged["processes"]]
     return "\n".join(lines) + "\n"
@@ -426,15 +523,31 @@ def render_markdown(merged: Merged) -> str:
             lines += ["", f"### {site['rule']} at {_where(site['site'])}", ""]
             lines.append(_cell(site["first"].get("message", "")))
             lines += ["", _fence(_stacks(dict(site["first"])))]
+    if merged["exempted"]:
+        lines += ["", "## Exempted", ""]
+        lines += _table(
+            ["rule", "site", "exemption", "count", "processes"],
+            [
+                [
+                    site["rule"],
+                    _where(site["site"]),
+                    site["exemption"],
+                    site["count"],
+                    ", ".join(f"{_who(hit)} ({hit['count']})" for hit in site["processes"]),
+                ]
+                for site in merged["exempted"]
+            ],
+        )
     lines += ["", "## Processes", ""]
     lines += _table(
-        ["host", "pid", *_RANK_KEYS, "violations", "report"],
+        ["host", "pid", *_RANK_KEYS, "violations", "exempted", "report"],
         [
             [
                 p["host"] or _UNKNOWN_HOST,
                 p["pid"],
                 *(value for _, value in _ranks(p)),
                 p["violations"],
+                p["exempted"],
                 p["report"],
             ]
             for p in merged["processes"]

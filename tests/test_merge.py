@@ -185,6 +185,8 @@ def expected_json(folder: Path) -> dict[str, Any]:
                 "first": nested_event(101, 0, "2026-12-01T05:00:03.000000Z"),
             },
         ],
+        "exempted_totals": {},
+        "exempted": [],
         "processes": [
             {
                 "host": "node-a",
@@ -194,6 +196,8 @@ def expected_json(folder: Path) -> dict[str, Any]:
                 "world_size": 3,
                 "violations": 4,
                 "totals": {"capture_disabled": 3, "nested_capture": 1},
+                "exempted": 0,
+                "exempted_totals": {},
                 "report": str(folder / "r-101.json"),
                 "written_at": "2026-12-01T05:00:09.000000Z",
             },
@@ -205,6 +209,8 @@ def expected_json(folder: Path) -> dict[str, Any]:
                 "world_size": 3,
                 "violations": 2,
                 "totals": {"capture_disabled": 2},
+                "exempted": 0,
+                "exempted_totals": {},
                 "report": str(folder / "r-201.json"),
                 "written_at": "2026-12-01T05:00:09.000000Z",
             },
@@ -216,6 +222,8 @@ def expected_json(folder: Path) -> dict[str, Any]:
                 "world_size": 3,
                 "violations": 0,
                 "totals": {},
+                "exempted": 0,
+                "exempted_totals": {},
                 "report": str(folder / "r-202.json"),
                 "written_at": "2026-12-01T05:00:09.000000Z",
             },
@@ -227,6 +235,8 @@ def expected_json(folder: Path) -> dict[str, Any]:
                 "world_size": None,
                 "violations": 0,
                 "totals": {},
+                "exempted": 0,
+                "exempted_totals": {},
                 "report": str(folder / "r-100.json"),
                 "written_at": "2026-12-01T05:00:09.000000Z",
             },
@@ -338,13 +348,13 @@ def test_markdown_tables_parse(job: Path, capsys: pytest.CaptureFixture[str]) ->
         ["nested_capture", "/job/fused.py:7 (in fuse)", "1", "node-a pid 101 rank 0 (1)"],
     ]
     assert table(lines, "## Processes") == [
-        ["host", "pid", "rank", "local_rank", "world_size", "violations", "report"],
-        ["---"] * 7,
-        ["node-a", "101", "0", "0", "3", "4", str(job / "r-101.json")],
-        ["node-b", "201", "1", "0", "3", "2", str(job / "r-201.json")],
-        ["node-b", "202", "2", "1", "3", "0", str(job / "r-202.json")],
-        ["node|c", "303", "3", "", "", "0", str(job / "r-303.json")],
-        ["unknown host", "100", "", "", "", "0", str(job / "r-100.json")],
+        ["host", "pid", "rank", "local_rank", "world_size", "violations", "exempted", "report"],
+        ["---"] * 8,
+        ["node-a", "101", "0", "0", "3", "4", "0", str(job / "r-101.json")],
+        ["node-b", "201", "1", "0", "3", "2", "0", str(job / "r-201.json")],
+        ["node-b", "202", "2", "1", "3", "0", "0", str(job / "r-202.json")],
+        ["node|c", "303", "3", "", "", "0", "0", str(job / "r-303.json")],
+        ["unknown host", "100", "", "", "", "0", "0", str(job / "r-100.json")],
     ]
     section = lines.index("### nested_capture at /job/fused.py:7 (in fuse)")
     assert lines[section + 4 : section + 15] == [
@@ -597,3 +607,100 @@ def test_a_fence_in_the_code_does_not_end_the_markdown_block(
         "    ```",
         "````",
     ]
+
+
+AUTOTUNE = {
+    "file": "/venv/torch/_inductor/runtime/benchmarking.py",
+    "line": 373,
+    "function": "benchmark_gpu_with_cuda_graph",
+    "code": "with torch.cuda.graph(cuda_graph):",
+}
+INDUCTOR = "capture_disabled=torch._inductor."
+
+
+def exempted_entry(count: int) -> dict[str, Any]:
+    """A report's entry for captures an exemption let through, as cgguard writes it."""
+    return {
+        "rule": "capture_disabled",
+        "count": count,
+        "exemption": INDUCTOR,
+        "first": {
+            "event": "cgguard.capture_exempted",
+            "level": "debug",
+            "rule": "capture_disabled",
+            "action": "exempted",
+            "api": "torch.cuda.graph",
+            "message": "exempted",
+            "exemption": INDUCTOR,
+            "matched": AUTOTUNE,
+            "count": 1,
+            "stack": [MAIN, AUTOTUNE],
+        },
+    }
+
+
+def test_exempted_captures_are_counted_per_site_and_process(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What exemptions let through is merged too: no violation, so status 0, and never hidden."""
+    for pid, rank, count in ((101, 0, 3), (201, 1, 2)):
+        report = document(pid, [], rank=rank)
+        report["exempted_totals"] = {"capture_disabled": count}
+        report["exempted"] = [exempted_entry(count)]
+        write(tmp_path, f"r-{pid}.json", report)
+    status, out, err = run(capsys, "--format", "json", str(tmp_path))
+    merged = json.loads(out)
+    assert (status, err) == (0, "")
+    assert merged["totals"] == {}
+    assert merged["exempted_totals"] == {"capture_disabled": 5}
+    assert merged["exempted"] == [
+        {
+            "rule": "capture_disabled",
+            "exemption": INDUCTOR,
+            "site": AUTOTUNE,
+            "count": 5,
+            "processes": [
+                {"host": "node-a", "pid": 101, "rank": 0, "count": 3},
+                {"host": "node-a", "pid": 201, "rank": 1, "count": 2},
+            ],
+        }
+    ]
+    assert [(p["pid"], p["exempted"], p["exempted_totals"]) for p in merged["processes"]] == [
+        (101, 3, {"capture_disabled": 3}),
+        (201, 2, {"capture_disabled": 2}),
+    ]
+    status, out, _ = run(capsys, str(tmp_path))
+    lines = out.splitlines()
+    assert status == 0
+    assert lines[0] == "cgguard report: 2 processes on 1 host: no violation; 5 exempted"
+    where = "/venv/torch/_inductor/runtime/benchmarking.py:373 (in benchmark_gpu_with_cuda_graph)"
+    assert lines[lines.index("exempted:") + 1] == (
+        f"  capture_disabled at {where}: 5 exempted by {INDUCTOR}, in "
+        "node-a pid 101 rank 0 (3), node-a pid 201 rank 1 (2)"
+    )
+    assert (
+        f"  node-a pid 101  rank 0  no violation (3 exempted)  {tmp_path / 'r-101.json'}" in lines
+    )
+    status, out, _ = run(capsys, "--format", "markdown", str(tmp_path))
+    assert table(out.splitlines(), "## Exempted")[2] == [
+        "capture_disabled",
+        where,
+        INDUCTOR,
+        "5",
+        "node-a pid 101 rank 0 (3), node-a pid 201 rank 1 (2)",
+    ]
+
+
+def test_an_exempted_entry_without_its_exemption_is_not_a_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A broken exempted section is refused like a broken violation, naming the path."""
+    report = document(101, [])
+    entry = exempted_entry(1)
+    del entry["exemption"]
+    report["exempted"] = [entry]
+    path = write(tmp_path, "r.json", report)
+    status, out, err = run(capsys, str(path))
+    assert (status, out) == (2, "")
+    assert '"exemption" is not text' in err
+    assert str(path) in err
