@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -245,14 +246,15 @@ def test_runner_options_are_the_settings() -> None:
         "CGGUARD_ENABLED": "1",
         "CGGUARD_MODE": "log",
         "CGGUARD_LOG_FORMAT": "json",
-        "CGGUARD_LOG_FILE": "l",
+        # Paths made absolute where the runner ran.
+        "CGGUARD_LOG_FILE": os.path.abspath("l"),
         "CGGUARD_LOG_TARGET": "file",
-        "CGGUARD_REPORT": "r",
+        "CGGUARD_REPORT": os.path.abspath("r"),
         "CGGUARD_CAPTURE": "disabled",
         "CGGUARD_SIMULATE_CUDA": "1",
         "CGGUARD_VLLM_BRIDGE": "0",
         "CGGUARD_EXEMPT": "capture_disabled=torch._inductor.;nested_capture=*/kernels.py",
-        "CGGUARD_EXEMPT_FILE": "e",
+        "CGGUARD_EXEMPT_FILE": os.path.abspath("e"),
     }
     assert [s.field for s in _settings.SETTINGS.values()] == [
         "mode",
