@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from cgguard._exempt import FILE, MODULE, kind, text
 from cgguard._frames import _line_of
+from cgguard._ledger import Sites
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -197,41 +198,16 @@ class ExemptSite:
         self.first: ExemptedEvent | None = None
 
 
-class Tally:
-    """Exempted captures counted by site (rule, place in the user's code, exemption).
-
-    Thread-safe; one per installation, kept when install() switches configuration.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._sites: dict[tuple[str, int, int, str], ExemptSite] = {}
+class Tally(Sites[ExemptSite]):
+    """Exempted captures counted by site (rule, place in the user's code, exemption). One per
+    installation, kept when install() switches configuration."""
 
     def count(
         self, rule: str, code: CodeType | None, lasti: int, api: str, exemption: str
     ) -> tuple[ExemptSite, int]:
         """Count one exempted capture; return its site and this count (1: the first there)."""
-        # By the code object's identity, as the ledger keys violations: equal code in two
-        # files is two sites. Each site holds its code object, so the id is not reused.
         key = (rule, id(code), lasti, exemption)
-        with self._lock:
-            site = self._sites.get(key)
-            if site is None:
-                site = self._sites[key] = ExemptSite(rule, code, lasti, api, exemption)
-            site.count += 1
-            return site, site.count
-
-    def sites(self) -> list[ExemptSite]:
-        """Every site, in the order first seen."""
-        with self._lock:
-            return list(self._sites.values())
-
-    def totals(self) -> dict[str, int]:
-        """Exempted captures per rule."""
-        totals: dict[str, int] = {}
-        for site in self.sites():
-            totals[site.rule] = totals.get(site.rule, 0) + site.count
-        return totals
+        return self._count(key, ExemptSite, rule, code, lasti, api, exemption)
 
     def after_fork(self) -> None:
         """A forked child's own tally: none of its parent's counts, and a lock of its own."""

@@ -8,15 +8,24 @@ summary and the JSON report. A storm of violations at one site costs a counter, 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from cgguard._frames import render
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import CodeType
 
     from cgguard._events import ViolationEvent
     from cgguard._frames import FrameInfo
+
+
+class _Counted(Protocol):
+    rule: str
+    count: int
+
+
+S = TypeVar("S", bound=_Counted)
 
 
 class Site:
@@ -37,15 +46,49 @@ class Site:
         self.first: ViolationEvent | None = None
 
 
-class Ledger:
-    """Counts violations by site. Thread-safe; one per installation."""
+class Sites(Generic[S]):
+    """Sites counted by key, each kept with its code object. Thread-safe.
+
+    Keyed by the code object's identity: code objects compare equal by content, so two files
+    with the same helper would otherwise share a site. Each site holds its code object, so its
+    id() is not reused while the key stands.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # Keyed by the code object's identity: code objects compare equal by content, so two
-        # files with the same helper would otherwise share a site. Each Site holds its code
-        # object, so its id() is not reused while the key stands.
-        self._sites: dict[tuple[str, int, int], Site] = {}
+        self._sites: dict[tuple[object, ...], S] = {}
+
+    def _count(
+        self, key: tuple[object, ...], new: Callable[..., S], *args: object
+    ) -> tuple[S, int]:
+        """Count one at ``key``, making its site as ``new(*args)`` the first time; return the
+        site and this count (1: the first there, for the caller to fill in ``site.first``)."""
+        with self._lock:
+            site = self._sites.get(key)
+            if site is None:
+                site = self._sites[key] = new(*args)
+            site.count += 1
+            return site, site.count
+
+    def __len__(self) -> int:
+        """How many sites have been seen."""
+        return len(self._sites)
+
+    def sites(self) -> list[S]:
+        """Every site seen, in the order first seen."""
+        with self._lock:
+            return list(self._sites.values())
+
+    def totals(self) -> dict[str, int]:
+        """Counts per rule."""
+        totals: dict[str, int] = {}
+        for site in self.sites():
+            totals[site.rule] = totals.get(site.rule, 0) + site.count
+        return totals
+
+
+class Ledger(Sites[Site]):
+    """Counts violations by site (rule, place in the user's code). One per installation."""
 
     def count(
         self, rule: str, code: CodeType | None, lasti: int, api: str, action: str
@@ -54,22 +97,7 @@ class Ledger:
 
         A count of 1 tells the caller it is the first there, to fill in ``site.first``.
         """
-        key = (rule, id(code), lasti)
-        with self._lock:
-            site = self._sites.get(key)
-            if site is None:
-                site = self._sites[key] = Site(rule, code, lasti, api, action)
-            site.count += 1
-            return site, site.count
-
-    def __len__(self) -> int:
-        """How many sites have been seen."""
-        return len(self._sites)
-
-    def sites(self) -> list[Site]:
-        """Every site seen, in the order first seen."""
-        with self._lock:
-            return list(self._sites.values())
+        return self._count((rule, id(code), lasti), Site, rule, code, lasti, api, action)
 
     def where(self, site: Site) -> FrameInfo | None:
         """The site's user frame, rendered."""
@@ -77,13 +105,6 @@ class Ledger:
             return None
         frames = render((site.code, site.lasti))
         return frames[-1] if frames else None
-
-    def totals(self) -> dict[str, int]:
-        """Violations per rule."""
-        totals: dict[str, int] = {}
-        for site in self.sites():
-            totals[site.rule] = totals.get(site.rule, 0) + site.count
-        return totals
 
 
 def worth_logging(count: int) -> bool:
