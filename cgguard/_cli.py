@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     if args[0] == "run":
         return run(args[1:])
     if args[0] == "report":
-        from cgguard._merge import main as merge_reports
+        from cgguard._report_merge import main as merge_reports
 
         return merge_reports(args[1:])
     from cgguard._info import report

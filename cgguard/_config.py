@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Literal, NoReturn, cast
 
-from cgguard import _exempt, _settings
+from cgguard import _exempt_syntax, _settings
 from cgguard._errors import ConfigError
 from cgguard._rules import ACTIONS, NAMES, RULES
 from cgguard._settings import BOOL, EXEMPT, PATH, SETTINGS, Setting, is_path, shown
@@ -112,7 +112,7 @@ class Config:
     def as_dict(self) -> dict[str, object]:
         """The configuration as plain JSON-ready values."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        exempt = [_exempt.text(pair) for pair in self.exempt]
+        exempt = [_exempt_syntax.text(pair) for pair in self.exempt]
         return fields | {"rules": dict(self.rules), "exempt": exempt}
 
     def target(self) -> LogTarget:
@@ -194,9 +194,9 @@ def _refused(setting: Setting, value: object) -> ConfigError:
 def _checked_exempt(value: object) -> tuple[tuple[str, str], ...]:
     """Exemptions as a Config keeps them: (rule, place) pairs; else ConfigError naming why."""
     try:
-        return _exempt.normalize(value)
+        return _exempt_syntax.normalize(value)
     except Exception as exc:  # EntryError for what is refused; anything from a value's methods
-        if isinstance(exc, _exempt.EntryError):
+        if isinstance(exc, _exempt_syntax.EntryError):
             entry, reason = exc.entry, exc.reason
             reason = reason if entry is value else f"entry {shown(entry)}: {reason}"
         else:
@@ -205,7 +205,7 @@ def _checked_exempt(value: object) -> tuple[tuple[str, str], ...]:
             reason += (
                 "; accepted values are None, RULE=PLACE entries (';' between them in a str), "
                 "(rule, place) pairs or a mapping of rule to places, PLACE "
-                + _exempt.SYNTAX.partition("PLACE ")[2]
+                + _exempt_syntax.SYNTAX.partition("PLACE ")[2]
             )
         raise ConfigError(f"Config(exempt={shown(value)}): {reason}") from exc
 

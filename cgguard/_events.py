@@ -1,5 +1,5 @@
-"""What cgguard says, as data: the schemas of docs/rules-and-events.md as types, and the one place
-that builds violation events, repeats, the exit summary and the JSON report's document."""
+"""What cgguard says: the one place that builds violation events, repeats, the exit summary and
+the JSON report's document, each of the shape cgguard._schema names."""
 
 from __future__ import annotations
 
@@ -7,137 +7,31 @@ import os
 import platform
 import threading
 import time
-from typing import TYPE_CHECKING, TypedDict, cast
+from typing import TYPE_CHECKING, cast
 
-from cgguard._frames import FrameInfo, render, where
+from cgguard._frames import render, where
 from cgguard._rules import RULES, Cause
+from cgguard._schema import RANK_KEYS
 from cgguard._version import __version__, distribution_version
 
 if TYPE_CHECKING:
     from types import CodeType
 
-    from typing_extensions import NotRequired
-
     from cgguard._config import Config
-    from cgguard._exemptions import Tally
-    from cgguard._frames import Snapshot
+    from cgguard._exempt_match import Tally
+    from cgguard._frames import FrameInfo, Snapshot
     from cgguard._ledger import Ledger, Site
+    from cgguard._schema import (
+        ExemptedEvent,
+        ReportDocument,
+        ReportViolation,
+        SiteCount,
+        SummaryEvent,
+        ViolationEvent,
+    )
 
-_RANK_VARIABLES = (("RANK", "rank"), ("LOCAL_RANK", "local_rank"), ("WORLD_SIZE", "world_size"))
-
-
-class _Ranked(TypedDict):
-    """The keys a distributed job's events and reports carry, where the launcher set them."""
-
-    rank: NotRequired[int | str]
-    local_rank: NotRequired[int | str]
-    world_size: NotRequired[int | str]
-
-
-class ViolationEvent(_Ranked):
-    """``cgguard.capture_violation``: one violation, in full, or a repeat at its site, briefly."""
-
-    event: str
-    level: str  # "error" when raised, "warning" when logged
-    rule: str
-    action: str  # "raised" or "logged"
-    api: str
-    message: str
-    count: int
-    thread: str
-    thread_id: int | None
-    pid: int
-    timestamp: str
-    stack: NotRequired[list[FrameInfo]]
-    outer_stack: NotRequired[list[FrameInfo]]
-    disabled_stack: NotRequired[list[FrameInfo] | None]
-    other_stack: NotRequired[list[FrameInfo]]
-    other_thread_id: NotRequired[int]
-    capture_stack: NotRequired[list[FrameInfo]]
-    capture_thread_id: NotRequired[int | None]
-    site: NotRequired[FrameInfo | None]  # a repeat only, in place of the stacks
-
-
-class ExemptedEvent(_Ranked):
-    """``cgguard.capture_exempted``: the first capture an exemption let through at a site."""
-
-    event: str
-    level: str  # "debug"
-    rule: str
-    action: str  # "exempted"
-    api: str
-    message: str
-    exemption: str  # the exemption that matched, as written: "capture_disabled=torch._inductor."
-    matched: FrameInfo  # the frame it matched, torch's own included
-    count: int
-    thread: str
-    thread_id: int | None
-    pid: int
-    timestamp: str
-    stack: list[FrameInfo]
-
-
-class SiteCount(TypedDict):
-    """One site in the exit summary."""
-
-    rule: str
-    count: int
-    file: str | None
-    line: int | None
-    function: str | None
-
-
-class ExemptedSiteCount(SiteCount):
-    """One site of exempted captures in the exit summary, with the exemption that matched."""
-
-    exemption: str
-
-
-class SummaryEvent(_Ranked):
-    """``cgguard.summary``: the run's counts per rule and per site, at exit."""
-
-    event: str
-    level: str  # "warning"; "info" when every capture seen was exempted
-    pid: int
-    timestamp: str
-    totals: dict[str, int]
-    sites: list[SiteCount]
-    exempted_totals: NotRequired[dict[str, int]]  # where an exemption let a capture through
-    exempted_sites: NotRequired[list[ExemptedSiteCount]]
-
-
-class ReportViolation(TypedDict):
-    """A distinct violation in the JSON report: its rule, count and first full event."""
-
-    rule: str
-    count: int
-    first: ViolationEvent
-
-
-class ReportExempted(TypedDict):
-    """Captures an exemption let through at one site, in the JSON report."""
-
-    rule: str
-    count: int
-    exemption: str
-    first: ExemptedEvent
-
-
-class ReportDocument(_Ranked):
-    """The JSON report."""
-
-    cgguard: str
-    python: str
-    torch: str | None
-    host: str  # so that reports gathered from several machines merge (cgguard report)
-    pid: int
-    written_at: str
-    config: dict[str, object]
-    totals: dict[str, int]
-    violations: list[ReportViolation]
-    exempted_totals: dict[str, int]
-    exempted: list[ReportExempted]
-    job: NotRequired[str]  # the run sharing a report path without {pid}
+# Where a launcher says which process of a distributed job this is: (variable, key).
+_RANK_VARIABLES = tuple(zip(("RANK", "LOCAL_RANK", "WORLD_SIZE"), RANK_KEYS, strict=True))
 
 
 def ranks() -> dict[str, int | str]:

@@ -31,11 +31,11 @@ if TYPE_CHECKING:
     from types import ModuleType
 
     from cgguard._config import Action, Config
-    from cgguard._events import ViolationEvent
-    from cgguard._exemptions import Exemptions, Match
+    from cgguard._exempt_match import Exemptions, Match
     from cgguard._frames import LiveStack, Snapshot
     from cgguard._log import EventLog
-    from cgguard._report import ReportFile
+    from cgguard._report_file import ReportFile
+    from cgguard._schema import ViolationEvent
 
 
 def _hidden_by_pytest(excinfo: Any) -> bool:
@@ -565,7 +565,7 @@ class Guard:
                 _, _, api, _, stack = record
                 self._violated([("abandoned_capture", record)], api, stack, refuse=False)
 
-    # The exemptions in effect (cgguard._exemptions), set by install(); None: none, and then no
+    # The exemptions in effect (cgguard._exempt_match), set by install(); None: none, and then no
     # stack is ever matched. Consulted only here, once a rule is found broken: an exemption
     # costs the capture path nothing.
     exempt: Exemptions | None = None

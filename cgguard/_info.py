@@ -9,7 +9,7 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING
 
-from cgguard import _exempt, _settings
+from cgguard import _exempt_syntax, _settings
 from cgguard._config import Config
 from cgguard._rules import NAMES, RULES
 from cgguard._runner import BOOT_DIR, program_environ, run_parser
@@ -46,7 +46,7 @@ def _configuration(environ: Mapping[str, str]) -> list[str]:
         if field == "exempt" and value:
             # One line each, as the rules: the exemptions file's follow its own line.
             source = sources.get(field, "default")
-            lines += [f"  {field:<14} {_exempt.text(pair)} ({source})" for pair in value]
+            lines += [f"  {field:<14} {_exempt_syntax.text(pair)} ({source})" for pair in value]
             continue
         shown = value
         if value is None or value == ():
@@ -54,7 +54,7 @@ def _configuration(environ: Mapping[str, str]) -> list[str]:
         lines.append(f"  {field:<14} {shown!s:<12} ({_source(field, sources)})")
         if field == "exempt_file" and value is not None:
             found = _settings.exemptions_file(value)[0]
-            lines += [f"  {'exempt':<14} {_exempt.text(pair)} ({value})" for pair in found]
+            lines += [f"  {'exempt':<14} {_exempt_syntax.text(pair)} ({value})" for pair in found]
     for rule in NAMES:
         lines.append(f"  {'rule':<14} {rule}: {config.action(rule)} ({_source(rule, sources)})")
     lines += [f"  warning: {line}" for line in problems]

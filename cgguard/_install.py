@@ -11,12 +11,12 @@ import sys
 import threading
 from typing import TYPE_CHECKING, NamedTuple
 
-from cgguard import _events, _exemptions, _follow, _guard, _settings, _startup
+from cgguard import _events, _exempt_match, _follow, _guard, _settings, _startup
 from cgguard._config import Config
 from cgguard._errors import ConfigError
 from cgguard._guard import FLAG, Guard
 from cgguard._log import EventLog
-from cgguard._report import ReportFile
+from cgguard._report_file import ReportFile
 from cgguard._warn import warn_once
 
 if TYPE_CHECKING:
@@ -148,8 +148,8 @@ def status() -> Status:
         )
 
 
-def _exempt_texts(exempt: _exemptions.Exemptions | None) -> list[str]:
-    from cgguard._exempt import text
+def _exempt_texts(exempt: _exempt_match.Exemptions | None) -> list[str]:
+    from cgguard._exempt_syntax import text
 
     return [text(pair) for pair in exempt.pairs] if exempt is not None else []
 
@@ -166,7 +166,7 @@ def _configure(guard: Guard | None, config: Config) -> Guard:
         if guard.report is not None:
             guard.report.close()
         guard.config, guard.log = config, log
-    guard.exempt = _exemptions.configured(_exemptions_of(config), guard.exempt)
+    guard.exempt = _exempt_match.configured(_exemptions_of(config), guard.exempt)
     tally = guard.exempt.tally if guard.exempt is not None else None
     guard.report = ReportFile(config, guard.ledger, tally) if config.report is not None else None
     if config.capture is not None:

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import CodeType
 
-    from cgguard._events import ViolationEvent
     from cgguard._frames import FrameInfo
+    from cgguard._schema import ViolationEvent
 
 
 class _Counted(Protocol):

@@ -14,7 +14,7 @@ import shutil
 import sys
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
-from cgguard import _exempt
+from cgguard import _exempt_syntax
 from cgguard._rules import ACTIONS, NAMES
 from cgguard._settings import (
     BOOL,
@@ -125,14 +125,14 @@ def _value_of(setting: Setting) -> Callable[[str], str]:
 def _exemptions(text: str) -> str:
     # Every entry must hold, as every other option's value must: the runner stops on a typo
     # rather than let the program warn and run without the exemption.
-    pairs, refused = _exempt.parse(text)
+    pairs, refused = _exempt_syntax.parse(text)
     if refused:
         entry, reason = refused[0]
-        syntax = _exempt.SYNTAX
+        syntax = _exempt_syntax.SYNTAX
         raise argparse.ArgumentTypeError(f"{shown(entry)}: {reason}; an entry is {syntax}")
     if not pairs:
         raise argparse.ArgumentTypeError(
-            f"{shown(text)}: no exemption; an entry is {_exempt.SYNTAX}"
+            f"{shown(text)}: no exemption; an entry is {_exempt_syntax.SYNTAX}"
         )
     return text
 
@@ -311,7 +311,7 @@ def program_environ(options: argparse.Namespace, environ: Mapping[str, str]) -> 
                 env[setting.variable] = "1" if value else "0"
         elif setting.choices is EXEMPT:
             if value:  # repeated: one entry list, as the variable holds it
-                env[setting.variable] = _exempt.SEPARATOR.join(value)
+                env[setting.variable] = _exempt_syntax.SEPARATOR.join(value)
         elif setting.choices is PATH and value is not None:
             # Where the command line was typed: a program that changes directory first (a
             # launch script, a Ray worker in its session folder) reads the same file.

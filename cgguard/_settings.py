@@ -14,13 +14,15 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-    from cgguard._exempt import Pair
+    from cgguard._exempt_syntax import Pair
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
 BOOL = TRUE + FALSE  # the accepted spellings of a boolean, in any case
 PATH = ()  # free text: a path
-EXEMPT = ("RULE=PLACE",)  # exemptions: RULE=PLACE entries, separated by ";" (cgguard._exempt)
+EXEMPT = (
+    "RULE=PLACE",
+)  # exemptions: RULE=PLACE entries, separated by ";" (cgguard._exempt_syntax)
 
 PREFIX = "CGGUARD_"
 ENABLED = "CGGUARD_ENABLED"
@@ -59,9 +61,9 @@ class Setting:
         if self.choices is BOOL:
             return parse_bool(raw)
         if self.choices is EXEMPT:
-            from cgguard import _exempt
+            from cgguard import _exempt_syntax
 
-            pairs = tuple(_exempt.parse(raw)[0])
+            pairs = tuple(_exempt_syntax.parse(raw)[0])
             return pairs or None
         folded = raw.strip().lower()
         return folded if folded in self.choices else None
@@ -135,9 +137,9 @@ def accepted(choices: "tuple[str, ...]") -> str:
     if choices is PATH:
         return "a path (not blank, no NUL character)"
     if choices is EXEMPT:
-        from cgguard import _exempt
+        from cgguard import _exempt_syntax
 
-        return f"entries separated by {_exempt.SEPARATOR!r}, each {_exempt.SYNTAX}"
+        return f"entries separated by {_exempt_syntax.SEPARATOR!r}, each {_exempt_syntax.SYNTAX}"
     return ", ".join(choices)
 
 
@@ -158,10 +160,10 @@ def read(environ: "Mapping[str, str]") -> "tuple[dict[str, object], dict[str, st
             continue
         if setting.choices is EXEMPT and isinstance(raw, str):
             # Only here, with exemptions given: start-up loads no more than it must.
-            from cgguard import _exempt
+            from cgguard import _exempt_syntax
 
             # Each entry on its own: one mistyped entry must not drop the others.
-            pairs, refused = _exempt.parse(raw)
+            pairs, refused = _exempt_syntax.parse(raw)
             problems += [
                 refused_entry(entry, reason, setting.variable) for entry, reason in refused
             ]
@@ -192,20 +194,20 @@ def read(environ: "Mapping[str, str]") -> "tuple[dict[str, object], dict[str, st
 
 def refused_entry(entry: str, reason: str, where: str) -> str:
     """The problem line of an exemption entry that is ignored, ``where`` it was given."""
-    from cgguard import _exempt
+    from cgguard import _exempt_syntax
 
     line = f"ignoring the exemption {shown(entry)} in {where}: {reason}"
     if not reason.startswith("no rule"):  # that one lists what is accepted already
-        line += f"; an entry is {_exempt.SYNTAX}"
+        line += f"; an entry is {_exempt_syntax.SYNTAX}"
     return line
 
 
 def exemptions_file(path: str) -> "tuple[list[Pair], list[str]]":
     """The exemptions in the file at ``path``, and one problem line per entry ignored, or one
     for the whole file when it cannot be read."""
-    from cgguard import _exempt
+    from cgguard import _exempt_syntax
 
-    pairs, refused, unread = _exempt.parse_file(path)
+    pairs, refused, unread = _exempt_syntax.parse_file(path)
     if unread is not None:
         return [], [f"ignoring the exemptions file {shown(path)}: {unread}"]
     return pairs, [

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from pluggy import Result
 
-    from cgguard._events import ViolationEvent
+    from cgguard._schema import ViolationEvent
     from cgguard.testing import SimulatedCuda
 
 Event = dict[str, object]

@@ -21,7 +21,7 @@ import pytest
 from helpers import DISABLED_SENTENCE, SourceFile
 
 import cgguard
-from cgguard import _events, _guard, _report, _warn
+from cgguard import _events, _guard, _report_file, _schema, _warn
 from cgguard._frames import snapshot
 from cgguard.testing import capture_violations
 
@@ -425,7 +425,7 @@ def test_a_repeat_during_the_first_report_still_names_its_site(
     rendering, repeated = threading.Event(), threading.Event()
     render = _events.violation
 
-    def slow_render(*args: Any, **kwargs: Any) -> _events.ViolationEvent:
+    def slow_render(*args: Any, **kwargs: Any) -> _schema.ViolationEvent:
         rendering.set()
         repeated.wait(timeout=2)
         return render(*args, **kwargs)
@@ -640,16 +640,16 @@ def test_report_never_goes_back_to_an_older_state(
         cgguard.Config(mode="log", log_file=os.devnull, report=str(report), capture="disabled")
     )
     built, written = threading.Event(), threading.Event()
-    build = _report.document
+    build = _report_file.document
 
-    def slow_document(*args: Any) -> _events.ReportDocument:
+    def slow_document(*args: Any) -> _schema.ReportDocument:
         document = build(*args)
         if threading.current_thread() is not threading.main_thread():
             built.set()
             written.wait(timeout=2)
         return document
 
-    monkeypatch.setattr(_report, "document", slow_document)
+    monkeypatch.setattr(_report_file, "document", slow_document)
     other = threading.Thread(target=violate, args=(here(),))  # race-a
     other.start()
     assert built.wait(timeout=10)
@@ -1026,20 +1026,20 @@ def test_the_capturing_thread_stops_writing_once_the_report_is_large(
     thread's cost for a new site does not grow with the sites already seen."""
     # A smaller threshold than the real one, for speed: the behaviour is the same.
     WRITTEN_AT_ONCE = 16  # noqa: N806 - stands for the module's constant
-    monkeypatch.setattr(_report, "WRITTEN_AT_ONCE", WRITTEN_AT_ONCE)
+    monkeypatch.setattr(_report_file, "WRITTEN_AT_ONCE", WRITTEN_AT_ONCE)
     report = tmp_path / "report.json"
     cgguard.install(
         cgguard.Config(mode="log", log_file=os.devnull, report=str(report), capture="disabled")
     )
     built_here: list[int] = []
-    build = _report.document
+    build = _report_file.document
 
-    def counted(*args: Any) -> _events.ReportDocument:
+    def counted(*args: Any) -> _schema.ReportDocument:
         if threading.current_thread() is threading.main_thread():
             built_here.append(1)
         return build(*args)
 
-    monkeypatch.setattr(_report, "document", counted)
+    monkeypatch.setattr(_report_file, "document", counted)
     sites = WRITTEN_AT_ONCE * 4
     code = here()[0]
     for n in range(sites):
@@ -1053,7 +1053,7 @@ def test_a_process_without_violations_keeps_its_run_s_report(
 ) -> None:
     """A report holding the violations of another process of the same run (a path without
     {pid}) is not replaced by an empty one at exit or uninstall."""
-    from cgguard._report import OWNER
+    from cgguard._report_file import OWNER
 
     report = tmp_path / "report.json"
     held = {"pid": 1, "job": "0123abcd", "totals": {"nested_capture": 3}, "violations": [{}]}
@@ -1194,7 +1194,7 @@ def test_no_thread_to_be_had_writes_the_report_in_place(
 ) -> None:
     """Where no thread can be started (a container's process limit), the report is written by
     the capturing thread, one line says so, and uninstall() still works."""
-    from cgguard import _report as report_module
+    from cgguard import _report_file as report_module
 
     def no_thread(self: threading.Thread) -> None:
         raise RuntimeError("can't start new thread")
@@ -1220,7 +1220,7 @@ MANY_SITES_WORKER = (
     + """
 import multiprocessing
 
-from cgguard import _report
+from cgguard import _report_file
 
 
 def child():
@@ -1234,7 +1234,7 @@ def child():
 
 
 if __name__ == "__main__":
-    _report.WRITTEN_AT_ONCE = 4
+    _report_file.WRITTEN_AT_ONCE = 4
     cgguard.install(
         cgguard.Config(mode="log", log_file=os.devnull, report=sys.argv[1], capture="disabled")
     )

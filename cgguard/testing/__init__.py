@@ -19,7 +19,7 @@ from cgguard.testing._simcuda import SimulatedCuda, SimulatedCudaError, Simulati
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from cgguard._events import ViolationEvent
+    from cgguard._schema import ViolationEvent
 
 __all__ = [
     "SimulatedCuda",

@@ -25,7 +25,7 @@ from cgguard._warn import warn_once
 
 if TYPE_CHECKING:
     from cgguard._config import Config
-    from cgguard._exemptions import Tally
+    from cgguard._exempt_match import Tally
     from cgguard._ledger import Ledger
 
 # How long counts may lag behind on disk, at most.

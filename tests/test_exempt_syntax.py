@@ -1,5 +1,5 @@
-"""cgguard._exempt: the syntax of exemptions, as Config, CGGUARD_EXEMPT, a file and the runner
-take it."""
+"""cgguard._exempt_syntax: the syntax of exemptions, as Config, CGGUARD_EXEMPT, a file and the
+runner take it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from helpers import DEFAULT_CONFIGURATION, clean_environ
 
 import cgguard
-from cgguard import _exempt, _settings
+from cgguard import _exempt_syntax, _settings
 from cgguard._info import _configuration
 
 if TYPE_CHECKING:
@@ -29,22 +29,22 @@ RULES = (
 @pytest.mark.parametrize(
     ("place", "kind"),
     [
-        ("torch._inductor.", _exempt.MODULE),
-        ("torch._inductor", _exempt.MODULE),
-        ("vllm_plugin", _exempt.MODULE),
+        ("torch._inductor.", _exempt_syntax.MODULE),
+        ("torch._inductor", _exempt_syntax.MODULE),
+        ("vllm_plugin", _exempt_syntax.MODULE),
         (
             "torch._inductor.runtime.benchmarking:Benchmarker.benchmark_gpu_with_cuda_graph",
             "function",
         ),
-        ("pkg.mod:outer.<locals>.inner", _exempt.FUNCTION),
-        ("*/vllm_plugin/kernels.py", _exempt.FILE),
-        ("/opt/app/kernels.py", _exempt.FILE),
-        ("/opt/app:v2/kernels.py", _exempt.FILE),  # a '/' makes it a file, ':' or not
+        ("pkg.mod:outer.<locals>.inner", _exempt_syntax.FUNCTION),
+        ("*/vllm_plugin/kernels.py", _exempt_syntax.FILE),
+        ("/opt/app/kernels.py", _exempt_syntax.FILE),
+        ("/opt/app:v2/kernels.py", _exempt_syntax.FILE),  # a '/' makes it a file, ':' or not
     ],
 )
 def test_each_place_is_one_kind(place: str, kind: str) -> None:
     """The kind of a place follows from its characters alone: '/' a file, ':' a function."""
-    assert (kind, None) == (_exempt.kind(place), _exempt.problem(place))
+    assert (kind, None) == (_exempt_syntax.kind(place), _exempt_syntax.problem(place))
 
 
 @pytest.mark.parametrize(
@@ -73,14 +73,14 @@ def test_refused_entries_say_why(entry: str, reason: str) -> None:
     """Each malformed entry is refused with the reason, and the entries around it stand."""
     value = f"nested_capture=a;{entry};sync_during_capture=b"
     expected = ([("nested_capture", "a"), ("sync_during_capture", "b")], [(entry, reason)])
-    assert expected == _exempt.parse(value)
+    assert expected == _exempt_syntax.parse(value)
 
 
 def test_parse_folds_rules_keeps_places_and_drops_repeats() -> None:
     """Rules in any case and spacing; places exactly as written; an entry repeated is one."""
     value = " Capture_Disabled = Torch._Inductor. ;;capture_disabled=Torch._Inductor.; "
     expected = ([("capture_disabled", "Torch._Inductor.")], [])
-    assert expected == _exempt.parse(value)
+    assert expected == _exempt_syntax.parse(value)
 
 
 def test_file_lines_comments_and_line_numbers(tmp_path: Path) -> None:
@@ -103,14 +103,18 @@ def test_file_lines_comments_and_line_numbers(tmp_path: Path) -> None:
         [(5, "oops", "not RULE=PLACE")],
         None,
     )
-    assert expected == _exempt.parse_file(str(path))
+    assert expected == _exempt_syntax.parse_file(str(path))
 
 
 def test_oversized_file_is_refused_whole(tmp_path: Path) -> None:
     """A file longer than an exemptions file can be is not read: nothing of it applies."""
     path = tmp_path / "exemptions"
-    path.write_text("capture_disabled=x\n" + "#" * _exempt.LONGEST_FILE)
-    assert ([], [], f"longer than {_exempt.LONGEST_FILE} bytes") == _exempt.parse_file(str(path))
+    path.write_text("capture_disabled=x\n" + "#" * _exempt_syntax.LONGEST_FILE)
+    assert (
+        [],
+        [],
+        f"longer than {_exempt_syntax.LONGEST_FILE} bytes",
+    ) == _exempt_syntax.parse_file(str(path))
 
 
 def test_environment_problems_and_values(tmp_path: Path) -> None:

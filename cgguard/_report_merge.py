@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from cgguard._frames import format_frames
 from cgguard._log import format_stacks
 from cgguard._rules import NAMES
+from cgguard._schema import RANK_KEYS
 from cgguard._settings import shown
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 
-    from cgguard._events import ViolationEvent
     from cgguard._frames import FrameInfo
+    from cgguard._schema import ViolationEvent
 
 FORMATS = ("text", "json", "markdown")
-_RANK_KEYS = ("rank", "local_rank", "world_size")
 _UNKNOWN_HOST = "unknown host"  # a report written before reports carried the host name
 _GLOB_MAGIC = ("*", "?", "[")
 
@@ -161,7 +161,7 @@ def _schema_problem(document: object) -> str | None:
                 get(key) is None or _is_int(get(key)) or isinstance(get(key), str),
                 f'"{key}" is neither a number nor text',
             )
-            for key in _RANK_KEYS
+            for key in RANK_KEYS
         ),
         (
             isinstance(totals, dict) and all(_is_int(n) for n in totals.values()),
@@ -540,7 +540,7 @@ def render_markdown(merged: Merged) -> str:
         )
     lines += ["", "## Processes", ""]
     lines += _table(
-        ["host", "pid", *_RANK_KEYS, "violations", "exempted", "report"],
+        ["host", "pid", *RANK_KEYS, "violations", "exempted", "report"],
         [
             [
                 p["host"] or _UNKNOWN_HOST,

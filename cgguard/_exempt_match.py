@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING
 
-from cgguard._exempt import FILE, MODULE, kind, text
+from cgguard._exempt_syntax import FILE, MODULE, kind, text
 from cgguard._frames import _line_of
 from cgguard._ledger import Sites
 
@@ -21,9 +21,9 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
     from types import CodeType
 
-    from cgguard._events import ExemptedEvent
-    from cgguard._exempt import Pair
+    from cgguard._exempt_syntax import Pair
     from cgguard._frames import FrameInfo, Snapshot
+    from cgguard._schema import ExemptedEvent
 
 # Per code object, which exemption matches its frame: code made at run time (inductor, exec)
 # would grow the cache without end, so it starts again past this size.

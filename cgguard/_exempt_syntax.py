@@ -9,7 +9,7 @@ stack. PLACE is one of three kinds, told apart by its characters alone:
 - a module, dotted names only, optionally ending in a dot: ``torch._inductor.``, which is that
   module and every module below it.
 
-Entries are separated by ``;``. Matching them against a stack is cgguard._exemptions's work.
+Entries are separated by ``;``. Matching them against a stack is cgguard._exempt_match's work.
 """
 
 # Read on the start-up path whenever CGGUARD_EXEMPT or CGGUARD_EXEMPT_FILE is set, before torch:
