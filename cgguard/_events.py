@@ -15,12 +15,9 @@ from cgguard._schema import RANK_KEYS
 from cgguard._version import __version__, distribution_version
 
 if TYPE_CHECKING:
-    from types import CodeType
-
     from cgguard._config import Config
-    from cgguard._exempt_match import Tally
     from cgguard._frames import FrameInfo, Snapshot
-    from cgguard._ledger import Ledger, Site
+    from cgguard._ledger import Ledger, Site, Tally
     from cgguard._schema import (
         ExemptedEvent,
         ReportDocument,
@@ -102,10 +99,8 @@ def violation(
     cause_frames = render(cause_stack) if cause_stack is not None else None
     if spec.cause_key is not None:
         event[spec.cause_key] = cause_frames
-    if rule == "concurrent_capture":
-        event["other_thread_id"] = cause.thread_id
-    elif rule == "sync_during_capture":
-        event["capture_thread_id"] = cause.thread_id
+    if spec.thread_key is not None:
+        event[spec.thread_key] = cause.thread_id
     if cause_frames is not None:
         cause = cause.completed(where(cause_frames))
     event["message"] = spec.message(f"{api} at {where(frames)}", cause)
@@ -146,7 +141,7 @@ def _site_count(rule: str, count: int, top: FrameInfo | None) -> SiteCount:
 
 def summary(ledger: Ledger, exempt: Tally | None = None) -> SummaryEvent:
     """The ``cgguard.summary`` event: counts per rule and per site, and of exempted captures."""
-    sites = [_site_count(site.rule, site.count, ledger.where(site)) for site in ledger.sites()]
+    sites = [_site_count(site.rule, site.count, site.frame()) for site in ledger.sites()]
     exempted = exempt.sites() if exempt is not None else []
     level = "warning" if sites or not exempted else "info"
     event: dict[str, object] = {"event": "cgguard.summary", "level": level, "pid": os.getpid()}
@@ -155,22 +150,15 @@ def summary(ledger: Ledger, exempt: Tally | None = None) -> SummaryEvent:
     if exempt is not None and exempted:
         event["exempted_totals"] = exempt.totals()
         event["exempted_sites"] = [
-            {**_site_count(s.rule, s.count, _where(s.code, s.lasti)), "exemption": s.exemption}
-            for s in exempted
+            {**_site_count(s.rule, s.count, s.frame()), "exemption": s.exemption} for s in exempted
         ]
     return cast("SummaryEvent", event)
-
-
-def _where(code: CodeType | None, lasti: int) -> FrameInfo | None:
-    """The user's frame at (code, lasti), rendered."""
-    frames = render((code, lasti)) if code is not None else []
-    return frames[-1] if frames else None
 
 
 def document(config: Config, ledger: Ledger, exempt: Tally | None = None) -> ReportDocument:
     """The JSON report as a JSON-ready value."""
     violations: list[ReportViolation] = [
-        {"rule": site.rule, "count": site.count, "first": site.first}
+        {"rule": site.rule, "count": site.count, "first": cast("ViolationEvent", site.first)}
         for site in ledger.sites()
         if site.first is not None
     ]

@@ -1,4 +1,4 @@
-"""Exemptions at work: matched against the stack of a capture that broke a rule, and tallied.
+"""Exemptions at work: matched against the stack of a capture that broke a rule.
 
 Nothing here runs on the capture path: a stack is matched only once the guard has found a
 rule broken, and only for the rules some exemption names. Every frame of the offending call's
@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 from cgguard._exempt_syntax import FILE, MODULE, kind, text
 from cgguard._frames import _line_of
-from cgguard._ledger import Sites
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -23,7 +22,6 @@ if TYPE_CHECKING:
 
     from cgguard._exempt_syntax import Pair
     from cgguard._frames import FrameInfo, Snapshot
-    from cgguard._schema import ExemptedEvent
 
 # Per code object, which exemption matches its frame: code made at run time (inductor, exec)
 # would grow the cache without end, so it starts again past this size.
@@ -122,11 +120,13 @@ class Modules:
 
 
 class Exemptions:
-    """An installation's exemptions, by rule, and the tally of what they let through."""
+    """An installation's exemptions, by rule, ready to match a violating call's stack.
 
-    def __init__(self, pairs: Iterable[Pair], tally: Tally | None = None) -> None:
+    What they let through is counted in the run's tally (cgguard._ledger), which outlives them.
+    """
+
+    def __init__(self, pairs: Iterable[Pair]) -> None:
         self.pairs = tuple(pairs)
-        self.tally = tally if tally is not None else Tally()
         self._places: dict[str, list[Place]] = {}
         for pair in self.pairs:
             self._places.setdefault(pair[0], []).append(Place(pair))
@@ -139,13 +139,6 @@ class Exemptions:
     def covers(self, rule: str) -> bool:
         """Whether any exemption names ``rule``."""
         return rule in self._places
-
-    def after_fork(self) -> None:
-        """A forked child's own locks and counts: a lock another thread held at the fork (while
-        it matched a stack) would never be released in the child."""
-        self._lock = threading.Lock()
-        self._modules = Modules()
-        self.tally.after_fork()
 
     def match(self, rule: str, stack: Snapshot) -> Match | None:
         """The exemption of ``rule`` whose place is on ``stack``, innermost frame first."""
@@ -179,48 +172,3 @@ class Exemptions:
             if place.matches(code, module):
                 return index
         return -1
-
-
-class ExemptSite:
-    """One rule let through by one exemption at one place: its count, and its first event."""
-
-    __slots__ = ("api", "code", "count", "exemption", "first", "lasti", "rule")
-
-    def __init__(
-        self, rule: str, code: CodeType | None, lasti: int, api: str, exemption: str
-    ) -> None:
-        self.rule = rule
-        self.code = code
-        self.lasti = lasti
-        self.api = api
-        self.exemption = exemption
-        self.count = 0
-        self.first: ExemptedEvent | None = None
-
-
-class Tally(Sites[ExemptSite]):
-    """Exempted captures counted by site (rule, place in the user's code, exemption). One per
-    installation, kept when install() switches configuration."""
-
-    def count(
-        self, rule: str, code: CodeType | None, lasti: int, api: str, exemption: str
-    ) -> tuple[ExemptSite, int]:
-        """Count one exempted capture; return its site and this count (1: the first there)."""
-        key = (rule, id(code), lasti, exemption)
-        return self._count(key, ExemptSite, rule, code, lasti, api, exemption)
-
-    def after_fork(self) -> None:
-        """A forked child's own tally: none of its parent's counts, and a lock of its own."""
-        self._lock = threading.Lock()
-        self._sites = {}
-
-
-def configured(pairs: Iterable[Pair], previous: Exemptions | None) -> Exemptions | None:
-    """The exemptions an installation uses; its tally carries over a switch of configuration.
-
-    None when there are none and nothing was ever exempted: then nothing is matched at all.
-    """
-    pairs = tuple(pairs)
-    if not pairs and (previous is None or not previous.tally.sites()):
-        return None
-    return Exemptions(pairs, previous.tally if previous is not None else None)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cgguard import _guard
+from cgguard import _state
 from cgguard._frames import snapshot
-from cgguard._guard import FLAG
+from cgguard._state import FLAG
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -28,7 +28,7 @@ def set_capture_enabled(enabled: bool) -> None:
 
 def is_capture_enabled() -> bool:
     """Whether a CUDA-graph capture may begin now: cgguard's flag and every flag it follows."""
-    return _guard.is_capture_enabled()
+    return _state.is_capture_enabled()
 
 
 class _FlagSetting:

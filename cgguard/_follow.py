@@ -13,10 +13,10 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from cgguard import _guard, _startup
+from cgguard import _startup, _state
 from cgguard._errors import ConfigError
+from cgguard._flags import FlagSource
 from cgguard._frames import snapshot
-from cgguard._guard import FlagSource
 from cgguard._patchset import PatchSet
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ class _Follow:
     def apply(self, module: ModuleType) -> None:
         import wrapt
 
-        if any(s.module is module and s.attribute == self.attribute for s in _guard.FOLLOWED):
+        if any(s.module is module and s.attribute == self.attribute for s in _state.FOLLOWED):
             return  # followed already, under another of its names
         source = FlagSource(module, self.attribute)
 
@@ -59,12 +59,12 @@ class _Follow:
                 module, self.setter, lambda original: wrapt.FunctionWrapper(original, record_where)
             )
         self.source = source
-        _guard.FOLLOWED.append(source)
+        _state.FOLLOWED.append(source)
 
     def undo(self) -> None:
         _startup.cancel(self.module_name, self.apply)
-        if self.source is not None and self.source in _guard.FOLLOWED:
-            _guard.FOLLOWED.remove(self.source)
+        if self.source is not None and self.source in _state.FOLLOWED:
+            _state.FOLLOWED.remove(self.source)
         self.patches.restore()
         self.source = None
 
@@ -107,7 +107,7 @@ def follow_vllm(enabled: bool) -> None:
 
 def waiting() -> list[str]:
     """The modules whose flags will be followed once they are imported."""
-    followed = {id(s.module) for s in _guard.FOLLOWED}
+    followed = {id(s.module) for s in _state.FOLLOWED}
     # vLLM's flag is one flag under either layout: once followed, no other name is awaited.
     vllm = [] if any(f.source is not None for f in _vllm) else _vllm
     return [

@@ -13,6 +13,7 @@ from cgguard import _exempt_syntax, _settings
 from cgguard._config import Config
 from cgguard._rules import NAMES, RULES
 from cgguard._runner import BOOT_DIR, program_environ, run_parser
+from cgguard._startup import ENABLED
 from cgguard._version import __version__, distribution_version
 
 if TYPE_CHECKING:
@@ -39,8 +40,8 @@ def _pth_files() -> list[str]:
 def _configuration(environ: Mapping[str, str]) -> list[str]:
     _, sources, problems = _settings.read(environ)
     config = Config.from_environ(environ, warn=False)
-    enabled = environ.get(_settings.ENABLED, "")
-    lines = [f"  {'enabled':<14} {enabled or '(unset)':<12} ({_settings.ENABLED})"]
+    enabled = environ.get(ENABLED, "")
+    lines = [f"  {'enabled':<14} {enabled or '(unset)':<12} ({ENABLED})"]
     for field, setting in _settings.SETTINGS.items():
         value = getattr(config, field)
         if field == "exempt" and value:

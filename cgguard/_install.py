@@ -11,12 +11,17 @@ import sys
 import threading
 from typing import TYPE_CHECKING, NamedTuple
 
-from cgguard import _events, _exempt_match, _follow, _guard, _settings, _startup
+from cgguard import _events, _follow, _settings, _startup, _state
+from cgguard._checks import API, MODE, THREAD
 from cgguard._config import Config
 from cgguard._errors import ConfigError
-from cgguard._guard import FLAG, Guard
+from cgguard._exempt_match import Exemptions
+from cgguard._installation import Installation
+from cgguard._ledger import Run
 from cgguard._log import EventLog
 from cgguard._report_file import ReportFile
+from cgguard._state import FLAG
+from cgguard._violations import Reporter
 from cgguard._warn import warn_once
 
 if TYPE_CHECKING:
@@ -69,12 +74,12 @@ def install(config: Config | None = None) -> None:
             f"install(config={config!r}): accepted values are None or a cgguard.Config"
         )
     with _lock:
-        guard = _guard.current
-        if guard is not None and config is None:
+        installation = _state.current
+        if installation is not None and config is None:
             return
-        guard = _configure(guard, config if config is not None else Config())
+        installation = _configure(installation, config if config is not None else Config())
         _register_process_hooks()
-        if guard.patches:
+        if installation.patches:
             return
         if "torch" not in sys.modules:
             _startup.when_imported("torch", PATCH_ON_IMPORT)
@@ -91,88 +96,98 @@ def uninstall() -> None:
     with _lock:
         _startup.cancel("torch", PATCH_ON_IMPORT)
         _follow.unfollow_all()  # follow_flag() made before install() too
-        guard = _guard.current
-        if guard is None:
+        installation = _state.current
+        if installation is None:
             return
-        _guard.current = None
-        # A hook someone still holds a reference to (a bound capture_begin, say) lets
-        # everything through from now on, as torch's own would.
-        guard.retired = True
-        guard.device_sync.restore()
-        guard.patches.restore()
-        if guard.report is not None:
-            guard.report.close()
-        if guard.log is not None:
-            guard.log.close()
-        guard.active.clear()
+        _state.current = None
+        tracker = installation.tracker
+        if tracker is not None:
+            # A hook someone still holds a reference to (a bound capture_begin, say) lets
+            # everything through from now on, as torch's own would.
+            tracker.retired = True
+        installation.device_sync.restore()
+        installation.patches.restore()
+        installation.reporter.close()
+        if tracker is not None:
+            tracker.active.clear()
 
 
 def is_installed() -> bool:
     """Whether install() is in effect (the patches may still be waiting for torch's import)."""
-    return _guard.current is not None
+    return _state.current is not None
 
 
 def status() -> Status:
     """What cgguard is doing in this process now: a snapshot, for people and tests."""
     with _lock:
-        guard = _guard.current
-        if guard is None:
+        installation = _state.current
+        followed = tuple(source.label for source in _state.FOLLOWED)
+        if installation is None:
             return Status(
                 installed=False,
                 activated_by=_startup.activated_by,
                 patched=(),
                 waiting_for_torch=False,
-                followed=tuple(source.label for source in _guard.FOLLOWED),
+                followed=followed,
                 waiting_to_follow=tuple(_follow.waiting()),
-                capture_enabled=_guard.is_capture_enabled(),
+                capture_enabled=_state.is_capture_enabled(),
                 captures=(),
                 violations={},
                 config=None,
             )
+        reporter, tracker = installation.reporter, installation.tracker
+        active = list(tracker.active.values()) if tracker is not None else []
         return Status(
             installed=True,
             activated_by=_startup.activated_by,
-            patched=tuple(guard.patches.targets() + guard.device_sync.targets()),
+            patched=tuple(installation.patches.targets() + installation.device_sync.targets()),
             waiting_for_torch=PATCH_ON_IMPORT in _startup.pending("torch"),
-            followed=tuple(source.label for source in guard.follows),
+            followed=followed,
             waiting_to_follow=tuple(_follow.waiting()),
-            capture_enabled=guard.is_capture_enabled(),
+            capture_enabled=_state.is_capture_enabled(),
             captures=tuple(
-                CaptureInfo(thread.ident or 0, api, mode)
-                for _, thread, api, mode, _ in list(guard.active.values())
+                CaptureInfo(record[THREAD].ident or 0, record[API], record[MODE])
+                for record in active
             ),
-            violations=guard.ledger.totals(),
-            config=guard.config,
-            exempted=guard.exempt.tally.totals() if guard.exempt is not None else {},
-            exemptions=tuple(_exempt_texts(guard.exempt)),
+            violations=reporter.run.ledger.totals(),
+            config=reporter.config,
+            exempted=reporter.run.tally.totals(),
+            exemptions=tuple(_exempt_texts(reporter.exemptions)),
         )
 
 
-def _exempt_texts(exempt: _exempt_match.Exemptions | None) -> list[str]:
+def _exempt_texts(exemptions: Exemptions | None) -> list[str]:
     from cgguard._exempt_syntax import text
 
-    return [text(pair) for pair in exempt.pairs] if exempt is not None else []
+    return [text(pair) for pair in exemptions.pairs] if exemptions is not None else []
 
 
-def _configure(guard: Guard | None, config: Config) -> Guard:
-    """The installation, built from ``config``, or switched to it."""
-    log = EventLog(config.log_format, config.log_file, target=config.target())
-    if guard is None:
-        guard = _guard.current = Guard(config, log=log)
+def _configure(installation: Installation | None, config: Config) -> Installation:
+    """The installation, built from ``config``, or switched to it whole."""
+    run = installation.run if installation is not None else Run()
+    reporter = _reporter(config, run)
+    if installation is None:
+        installation = _state.current = Installation(reporter)
     else:
-        # Switched in place: the hooks already on torch are bound to this very object.
-        if guard.log is not None:
-            guard.log.close()
-        if guard.report is not None:
-            guard.report.close()
-        guard.config, guard.log = config, log
-    guard.exempt = _exempt_match.configured(_exemptions_of(config), guard.exempt)
-    tally = guard.exempt.tally if guard.exempt is not None else None
-    guard.report = ReportFile(config, guard.ledger, tally) if config.report is not None else None
+        installation.use(reporter)
     if config.capture is not None:
         FLAG.set(config.capture == "enabled", None)
     _follow.follow_vllm(config.vllm_bridge)
-    return guard
+    return installation
+
+
+def _reporter(config: Config, run: Run) -> Reporter:
+    """How ``config`` answers violations, counting into ``run``."""
+    log = EventLog(config.log_format, config.log_file, target=config.target())
+    pairs = _exemptions_of(config)
+    return Reporter(
+        config,
+        run,
+        listeners=_state.LISTENERS,
+        log=log,
+        report=ReportFile(config, run) if config.report is not None else None,
+        exemptions=Exemptions(pairs) if pairs else None,
+    )
 
 
 def _exemptions_of(config: Config) -> list[tuple[str, str]]:
@@ -196,28 +211,26 @@ def _register_process_hooks() -> None:
 
 
 def _after_fork() -> None:
-    # A forked worker reports its own violations, and a lock held by a parent thread at the
-    # fork would never be released in the child.
+    # The one reset of a forked child: a lock held by a parent thread at the fork would never
+    # be released in the child, and the child reports its own violations.
     global _lock
     _lock = threading.RLock()
-    if _guard.current is not None:
-        _guard.current.forget_run()
-        if _guard.current.exempt is not None:
-            _guard.current.exempt.after_fork()
+    if _state.current is not None:
+        _state.current.after_fork()
 
 
 def _at_exit() -> None:
     """The run's summary, if anything was seen, and the final report."""
-    guard = _guard.current
-    if guard is None:
+    installation = _state.current
+    if installation is None:
         return
     try:
-        tally = guard.exempt.tally if guard.exempt is not None else None
-        seen = guard.ledger.sites() or (tally is not None and tally.sites())
-        if seen and guard.log is not None:
-            guard.log.emit(_events.summary(guard.ledger, tally))
-        if guard.report is not None:
-            guard.report.close()
+        reporter = installation.reporter
+        run = reporter.run
+        if run.seen() and reporter.log is not None:
+            reporter.log.emit(_events.summary(run.ledger, run.tally))
+        if reporter.report is not None:
+            reporter.report.close()
     except Exception as exc:
         warn_once("exit", f"could not write the exit summary: {exc!r}")
 
@@ -225,13 +238,13 @@ def _at_exit() -> None:
 def _patch() -> None:
     """Patch torch now; a failure is reported once and the program goes on, unguarded."""
     with _lock:
-        guard = _guard.current
-        if guard is None or guard.patches:
+        installation = _state.current
+        if installation is None or installation.patches:
             return
         try:
             from cgguard._patches import patch_torch
 
-            patch_torch(guard)
+            patch_torch(installation)
         except Exception as exc:
             warn_once("patch", f"could not patch torch, captures are not guarded: {exc!r}")
 
@@ -247,16 +260,16 @@ def refresh_device_sync() -> None:
     """Hook what the simulated runtime put in place since install: its synchronize, and its
     stand-in classes where they do not extend torch's (CUDA builds)."""
     with _lock:
-        guard = _guard.current
-        if guard is not None and guard.patches:
+        installation = _state.current
+        if installation is not None and installation.patches:
             from cgguard._patches import patch_device_sync
 
-            patch_device_sync(guard)
+            patch_device_sync(installation)
 
 
 def release_device_sync() -> None:
     """Let go of torch._C._cuda_synchronize (and any stand-in's hooks) before it is replaced."""
     with _lock:
-        guard = _guard.current
-        if guard is not None:
-            guard.device_sync.restore()
+        installation = _state.current
+        if installation is not None:
+            installation.device_sync.restore()

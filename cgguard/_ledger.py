@@ -8,32 +8,35 @@ summary and the JSON report. A storm of violations at one site costs a counter, 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING
 
 from cgguard._frames import render
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from types import CodeType
 
     from cgguard._frames import FrameInfo
-    from cgguard._schema import ViolationEvent
-
-
-class _Counted(Protocol):
-    rule: str
-    count: int
-
-
-S = TypeVar("S", bound=_Counted)
+    from cgguard._schema import ExemptedEvent, ViolationEvent
 
 
 class Site:
-    """One rule at one place: its count, and the full event first reported there."""
+    """One rule at one place, and what came of it there: its count, and its first full event.
 
-    __slots__ = ("action", "api", "code", "count", "first", "lasti", "rule")
+    A violation's site is (rule, place, action); an exempted capture's is (rule, place,
+    exemption), its action "exempted".
+    """
 
-    def __init__(self, rule: str, code: CodeType | None, lasti: int, api: str, action: str) -> None:
+    __slots__ = ("action", "api", "code", "count", "exemption", "first", "lasti", "rule")
+
+    def __init__(  # noqa: PLR0917 - made on the capturing thread: positional costs least
+        self,
+        rule: str,
+        code: CodeType | None,
+        lasti: int,
+        api: str,
+        action: str,
+        exemption: str | None = None,
+    ) -> None:
         self.rule = rule
         # Where, as the capture path knows it: a repeat is reported from these, since the
         # first event may still be rendering on another thread.
@@ -41,12 +44,20 @@ class Site:
         self.lasti = lasti
         self.api = api
         self.action = action
+        self.exemption = exemption  # the exemption that let it through, as written
         self.count = 0
-        # Filled in by whoever counted the first violation here, once it has been rendered.
-        self.first: ViolationEvent | None = None
+        # Filled in by whoever counted the first one here, once it has been rendered.
+        self.first: ViolationEvent | ExemptedEvent | None = None
+
+    def frame(self) -> FrameInfo | None:
+        """The site's user frame, rendered."""
+        if self.code is None:
+            return None
+        frames = render((self.code, self.lasti))
+        return frames[-1] if frames else None
 
 
-class Sites(Generic[S]):
+class Sites:
     """Sites counted by key, each kept with its code object. Thread-safe.
 
     Keyed by the code object's identity: code objects compare equal by content, so two files
@@ -56,17 +67,24 @@ class Sites(Generic[S]):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._sites: dict[tuple[object, ...], S] = {}
+        self._sites: dict[tuple[object, ...], Site] = {}
 
-    def _count(
-        self, key: tuple[object, ...], new: Callable[..., S], *args: object
-    ) -> tuple[S, int]:
-        """Count one at ``key``, making its site as ``new(*args)`` the first time; return the
-        site and this count (1: the first there, for the caller to fill in ``site.first``)."""
+    def _count(  # noqa: PLR0917 - on the capturing thread: positional costs least
+        self,
+        key: tuple[object, ...],
+        rule: str,
+        code: CodeType | None,
+        lasti: int,
+        api: str,
+        action: str,
+        exemption: str | None = None,
+    ) -> tuple[Site, int]:
+        """Count one at ``key``, making its site the first time; return the site and this
+        count (1: the first there, for the caller to fill in ``site.first``)."""
         with self._lock:
             site = self._sites.get(key)
             if site is None:
-                site = self._sites[key] = new(*args)
+                site = self._sites[key] = Site(rule, code, lasti, api, action, exemption)
             site.count += 1
             return site, site.count
 
@@ -74,7 +92,7 @@ class Sites(Generic[S]):
         """How many sites have been seen."""
         return len(self._sites)
 
-    def sites(self) -> list[S]:
+    def sites(self) -> list[Site]:
         """Every site seen, in the order first seen."""
         with self._lock:
             return list(self._sites.values())
@@ -87,8 +105,8 @@ class Sites(Generic[S]):
         return totals
 
 
-class Ledger(Sites[Site]):
-    """Counts violations by site (rule, place in the user's code). One per installation."""
+class Ledger(Sites):
+    """Violations counted by site (rule, place in the user's code)."""
 
     def count(
         self, rule: str, code: CodeType | None, lasti: int, api: str, action: str
@@ -97,14 +115,36 @@ class Ledger(Sites[Site]):
 
         A count of 1 tells the caller it is the first there, to fill in ``site.first``.
         """
-        return self._count((rule, id(code), lasti), Site, rule, code, lasti, api, action)
+        return self._count((rule, id(code), lasti), rule, code, lasti, api, action)
 
-    def where(self, site: Site) -> FrameInfo | None:
-        """The site's user frame, rendered."""
-        if site.code is None:
-            return None
-        frames = render((site.code, site.lasti))
-        return frames[-1] if frames else None
+
+class Tally(Sites):
+    """Exempted captures counted by site (rule, place in the user's code, exemption)."""
+
+    def count(
+        self, rule: str, code: CodeType | None, lasti: int, api: str, exemption: str
+    ) -> tuple[Site, int]:
+        """Count one exempted capture; return its site and this count (1: the first there)."""
+        key = (rule, id(code), lasti, exemption)
+        return self._count(key, rule, code, lasti, api, "exempted", exemption)
+
+
+class Run:
+    """What a run has seen: its violations and the captures exemptions let through.
+
+    Kept when install() switches configuration, and made anew in a forked child, which reports
+    its own violations: reports summed across a job must not count the parent's twice.
+    """
+
+    __slots__ = ("ledger", "tally")
+
+    def __init__(self) -> None:
+        self.ledger = Ledger()
+        self.tally = Tally()
+
+    def seen(self) -> bool:
+        """Whether anything was counted."""
+        return bool(len(self.ledger) or len(self.tally))
 
 
 def worth_logging(count: int) -> bool:

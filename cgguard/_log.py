@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 from typing import TYPE_CHECKING, Any
 
 from cgguard._frames import format_frames
@@ -47,17 +48,24 @@ class _FileSink:
     def __init__(self, path: str) -> None:
         self.path = path
         self.fd: int | None = None
+        # Opened by the first event, from whichever thread: two threads opening it at once
+        # would leave one descriptor open for good.
+        self._opening = threading.Lock()
 
     def msg(self, message: str) -> None:
-        if self.fd is None:
-            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = self.fd
+        if fd is None:
+            with self._opening:
+                if self.fd is None:
+                    self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                fd = self.fd
         data = memoryview((message + "\n").encode("utf-8", "backslashreplace"))
         # write(2) may write less than asked (a disk nearly full): finish the line, or fail,
         # which EventLog reports once before going on with stderr.
         whole = len(data)
         try:
             while data:
-                written = os.write(self.fd, data)
+                written = os.write(fd, data)
                 if written <= 0:
                     raise OSError(f"wrote {whole - len(data)} of {whole} bytes")
                 data = data[written:]
@@ -65,15 +73,16 @@ class _FileSink:
             if len(data) < whole:
                 # End the cut line, so that the next line in a shared file still parses.
                 with contextlib.suppress(OSError):
-                    os.write(self.fd, b"\n")
+                    os.write(fd, b"\n")
             raise
 
     error = warning = info = debug = msg
 
     def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        with self._opening:
+            fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 class _LoggingSink:
@@ -181,6 +190,9 @@ class EventLog:
         self._processors = processors
         self._sink: _StderrSink | _FileSink | _LoggingSink | None = None
         self._logger: Any = None
+        # The logger is made by the first event, from whichever thread: two threads making it
+        # at once would each open the log file, and one descriptor would stay open for good.
+        self._making = threading.Lock()
 
     def emit(self, event: Mapping[str, object]) -> None:
         """Report one event; cgguard's own failures here are a warning, never an exception."""
@@ -209,14 +221,21 @@ class EventLog:
             self._sink.close()
 
     def _bound(self) -> Any:
-        if self._logger is None:
-            if self.target == "logging":
-                self._use(_LoggingSink())
-            elif self.target == "file" and self.log_file:
-                self._use(_FileSink(self.log_file))
-            else:
-                self._use(_StderrSink())
+        logger = self._logger
+        if logger is not None:
+            return logger
+        with self._making:
+            if self._logger is None:
+                self._make()
         return self._logger
+
+    def _make(self) -> None:
+        if self.target == "logging":
+            self._use(_LoggingSink())
+        elif self.target == "file" and self.log_file:
+            self._use(_FileSink(self.log_file))
+        else:
+            self._use(_StderrSink())
 
     def _use(self, sink: _StderrSink | _FileSink | _LoggingSink) -> None:
         import structlog

@@ -1,4 +1,5 @@
-"""The only module that touches torch: which of its entry points carry which of the guard's hooks.
+"""The only module that touches torch: which of its entry points carry which of the capture
+path's hooks.
 
 The hooks go on the classes themselves (``torch.cuda.graphs.graph`` and the real ``CUDAGraph``,
 ``Stream`` and ``Event``), so references taken earlier, subclasses and ``from torch.cuda import
@@ -14,21 +15,24 @@ from typing import TYPE_CHECKING, Any
 
 import wrapt
 
-from cgguard._guard import (
+from cgguard._capture import (
     API_ACCELERATOR_SYNCHRONIZE,
     API_EVENT_ELAPSED_TIME,
     API_EVENT_QUERY,
     API_EVENT_SYNCHRONIZE,
     API_STREAM_QUERY,
     API_STREAM_SYNCHRONIZE,
+    Probes,
+    Tracker,
 )
 from cgguard._patchset import describe
+from cgguard._state import FLAG, FOLLOWED
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType
 
-    from cgguard._guard import Guard
+    from cgguard._installation import Installation
 
 
 def real_class(cls: type) -> type:
@@ -66,30 +70,30 @@ def _wrapt(wrapper: Callable[[Any, Any, Any, Any], Any]) -> Callable[[Any], Any]
 _KINDS = ("CUDAGraph", "Stream", "Event")
 
 
-def _class_hooks(guard: Guard) -> dict[str, list[tuple[str, Callable[[Any], Any]]]]:
-    """The guard's hooks on torch's CUDAGraph, Stream and Event classes, by class name."""
+def _class_hooks(tracker: Tracker) -> dict[str, list[tuple[str, Callable[[Any], Any]]]]:
+    """The tracker's hooks on torch's CUDAGraph, Stream and Event classes, by class name."""
     return {
         "CUDAGraph": [
-            ("capture_begin", _wrapt(guard.capture_begin)),
-            ("capture_end", guard.make_capture_end),
+            ("capture_begin", _wrapt(tracker.capture_begin)),
+            ("capture_end", tracker.make_capture_end),
         ],
         "Stream": [
-            ("synchronize", _wrapt(guard.checks_sync(API_STREAM_SYNCHRONIZE))),
-            ("query", _wrapt(guard.checks_sync(API_STREAM_QUERY))),
+            ("synchronize", _wrapt(tracker.checks_sync(API_STREAM_SYNCHRONIZE))),
+            ("query", _wrapt(tracker.checks_sync(API_STREAM_QUERY))),
         ],
         "Event": [
-            ("synchronize", _wrapt(guard.checks_sync(API_EVENT_SYNCHRONIZE))),
-            ("query", _wrapt(guard.checks_sync(API_EVENT_QUERY))),
+            ("synchronize", _wrapt(tracker.checks_sync(API_EVENT_SYNCHRONIZE))),
+            ("query", _wrapt(tracker.checks_sync(API_EVENT_QUERY))),
             # A plain function, as capture_end: it runs on every record, capturing or not.
-            ("record", guard.make_event_record),
-            ("elapsed_time", _wrapt(guard.checks_sync(API_EVENT_ELAPSED_TIME))),
+            ("record", tracker.make_event_record),
+            ("elapsed_time", _wrapt(tracker.checks_sync(API_EVENT_ELAPSED_TIME))),
         ],
     }
 
 
-def patch_torch(guard: Guard) -> None:
-    """Put the guard's hooks on torch's entry points. Raises, torch untouched, if torch is not
-    as expected."""
+def patch_torch(installation: Installation) -> None:
+    """Put a capture path's hooks on torch's entry points. Raises, torch untouched, if torch is
+    not as expected."""
     graphs = importlib.import_module("torch.cuda.graphs")
     streams = importlib.import_module("torch.cuda.streams")
     classes = {
@@ -98,26 +102,33 @@ def patch_torch(guard: Guard) -> None:
         "Event": real_class(streams.Event),
     }
     cuda = importlib.import_module("torch.cuda")
-    # Looked up at each call: the simulated runtime replaces it while it is in place.
-    guard.is_capturing = lambda: bool(cuda.is_current_stream_capturing())
-    guard.is_current_stream = lambda stream: bool(stream == cuda.current_stream())
-    guard.stream_captures = lambda stream: _stream_captures(cuda, stream)
-    guard.patches.apply(
+    # Looked up at each call: the simulated runtime replaces them while it is in place.
+    probes = Probes(
+        is_capturing=lambda: bool(cuda.is_current_stream_capturing()),
+        current_stream=lambda: cuda.current_stream(),  # noqa: PLW0108 - looked up per call
+        is_current_stream=lambda stream: bool(stream == cuda.current_stream()),
+        stream_captures=lambda stream: _stream_captures(cuda, stream),
+    )
+    tracker = Tracker(probes, installation.reporter, flag=FLAG, follows=FOLLOWED)
+    patches = installation.patches
+    patches.apply(
         [
-            (graphs.graph, "__enter__", _wrapt(guard.graph_enter)),
+            (graphs.graph, "__enter__", _wrapt(tracker.graph_enter)),
             # The Python methods on the real classes: subclasses and bound methods land here.
             *(
                 (classes[kind], name, make)
-                for kind, hooks in _class_hooks(guard).items()
+                for kind, hooks in _class_hooks(tracker).items()
                 for name, make in hooks
             ),
         ]
     )
     try:
-        guard.patches.apply(_accelerator_entry_points(guard))
-        patch_device_sync(guard)
+        patches.apply(_accelerator_entry_points(tracker))
+        installation.tracker = tracker
+        patch_device_sync(installation)
     except BaseException:
-        guard.patches.restore()
+        installation.tracker = None
+        patches.restore()
         raise
 
 
@@ -132,7 +143,7 @@ def _stream_captures(cuda: ModuleType, stream: Any) -> bool:
         return bool(cuda.is_current_stream_capturing())
 
 
-def _accelerator_entry_points(guard: Guard) -> list[tuple[Any, str, Callable[[Any], Any]]]:
+def _accelerator_entry_points(tracker: Tracker) -> list[tuple[Any, str, Callable[[Any], Any]]]:
     """torch.accelerator's graph and synchronize (torch 2.13 and later), where torch has them.
 
     ``torch.accelerator.Graph`` is Python over the C ``_acceleratorGraph``: its ``__enter__``
@@ -148,16 +159,16 @@ def _accelerator_entry_points(guard: Guard) -> list[tuple[Any, str, Callable[[An
     graph_class = real_class(graph_class)
     c_module = sys.modules["torch._C"]
     points: list[tuple[Any, str, Callable[[Any], Any]]] = [
-        (graph_class, "__enter__", _wrapt(guard.accelerator_enter)),
-        (graph_class, "capture_begin", _wrapt(guard.accelerator_begin)),
-        (graph_class, "capture_end", guard.make_capture_end),
+        (graph_class, "__enter__", _wrapt(tracker.accelerator_enter)),
+        (graph_class, "capture_begin", _wrapt(tracker.accelerator_begin)),
+        (graph_class, "capture_end", tracker.make_capture_end),
     ]
     if "_accelerator_synchronizeDevice" in vars(c_module):
         points.append(
             (
                 c_module,
                 "_accelerator_synchronizeDevice",
-                lambda original: guard.make_device_sync(original, API_ACCELERATOR_SYNCHRONIZE),
+                lambda original: tracker.make_device_sync(original, API_ACCELERATOR_SYNCHRONIZE),
             )
         )
     return points
@@ -170,19 +181,23 @@ def _accelerator_entry_points(guard: Guard) -> list[tuple[Any, str, Callable[[An
 # cgguard._install call patch_device_sync() again as they come and go.
 
 
-def patch_device_sync(guard: Guard) -> None:
+def patch_device_sync(installation: Installation) -> None:
     """Wrap torch._C._cuda_synchronize if it exists, and the hooked methods of stand-ins that do
-    not extend torch's classes, where the guard's wrappers are not all there already."""
+    not extend torch's classes, where the tracker's wrappers are not all there already."""
+    tracker = installation.tracker
+    if tracker is None:
+        return
     c_module = sys.modules["torch._C"]
     changes: list[tuple[Any, str, Callable[[Any], Any]]] = []
     if "_cuda_synchronize" in vars(c_module):
-        changes.append((c_module, "_cuda_synchronize", guard.make_device_sync))
-    hooks = _class_hooks(guard)
+        changes.append((c_module, "_cuda_synchronize", tracker.make_device_sync))
+    hooks = _class_hooks(tracker)
     changes += [(cls, name, make) for kind, cls in _standins() for name, make in hooks[kind]]
     wanted = [describe(owner, name) for owner, name, _ in changes]
-    if guard.device_sync.targets() == wanted and all(
-        guard.device_sync.holds(owner, name) for owner, name, _ in changes
+    device_sync = installation.device_sync
+    if device_sync.targets() == wanted and all(
+        device_sync.holds(owner, name) for owner, name, _ in changes
     ):
         return
-    guard.device_sync.restore()  # a wrapper of ours replaced since is only forgotten
-    guard.device_sync.apply(changes)
+    device_sync.restore()  # a wrapper of ours replaced since is only forgotten
+    device_sync.apply(changes)

@@ -25,8 +25,7 @@ from cgguard._warn import warn_once
 
 if TYPE_CHECKING:
     from cgguard._config import Config
-    from cgguard._exempt_match import Tally
-    from cgguard._ledger import Ledger
+    from cgguard._ledger import Run
 
 # How long counts may lag behind on disk, at most.
 INTERVAL = 0.5
@@ -49,11 +48,13 @@ def expand(template: str) -> str:
 class ReportFile:
     """Where one installation writes its report, and the thread that keeps it current."""
 
-    def __init__(self, config: Config, ledger: Ledger, exempt: Tally | None = None) -> None:
+    def __init__(self, config: Config, run: Run, *, write_now: bool = True) -> None:
+        """The report of ``run``, written at once unless ``write_now`` is false (a forked
+        child's, which has nothing to say yet)."""
         assert config.report is not None  # noqa: S101 - made only for a configured report
         self.config = config
-        self.ledger = ledger
-        self.exempt = exempt  # captures let through by exemptions, counted beside the ledger
+        self.ledger = run.ledger
+        self.exempt = run.tally  # captures let through by exemptions, counted beside the ledger
         # Resolved once: a program that changes directory must not scatter its reports.
         self.template = os.path.abspath(config.report)
         self.job: str | None = None  # the run sharing this path, where the path has no {pid}
@@ -68,7 +69,8 @@ class ReportFile:
         self._claim()
         # Written at once, violations or not: a process ended without its exit handlers (a Ray
         # worker, a worker killed by SIGTERM) still shows that it was guarded.
-        self.write()
+        if write_now:
+            self.write()
 
     def changed(self, *, new_site: bool) -> None:
         """Note that the ledger changed: a new site is written at once, a count soon."""
@@ -91,8 +93,8 @@ class ReportFile:
         except Exception as exc:
             warn_once("report:changed", f"cannot keep the report current: {exc!r}")
 
-    def close(self) -> None:
-        """Stop the writing thread and write the final report; once."""
+    def close(self, *, final: bool = True) -> None:
+        """Stop the writing thread and write the final report (unless not ``final``); once."""
         if self._closed:
             return
         self._closed = True
@@ -100,16 +102,8 @@ class ReportFile:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)
-        self.write()
-
-    def after_fork(self, ledger: Ledger) -> None:
-        """A forked child's own report: its ledger, new locks, and no writer yet."""
-        self.ledger = ledger
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._dirty = self._idle = False
-        self._thread = None
-        self._claim()
+        if final:
+            self.write()
 
     def write(self) -> None:
         """Write the report now; one warning if that fails."""

@@ -1,6 +1,6 @@
 """Which rules exist: one record per rule, everything else about rules is derived from here.
 
-Adding a rule is one entry in ``RULES`` plus its check in cgguard._guard. The environment
+Adding a rule is one entry in ``RULES`` plus its check in cgguard._checks. The environment
 variables, Config validation, the runner's ``--rule``, the pytest marker, event keys, console
 titles and the exception raised all come from this table.
 """
@@ -19,6 +19,17 @@ from cgguard._errors import (
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+# Why a synchronize or query breaks a capture, where the message must say more than that the
+# calling thread may not make it: the event it waits on was recorded into the capture, or the
+# stream it waits on is the one capturing.
+WHY_CAPTURED_EVENT = "captured_event"
+WHY_CAPTURING_STREAM = "capturing_stream"
+
+# What a rule's violation is blamed on, which decides what its report says of the cause.
+BLAMES_FLAG = "flag"  # the flag that disables capture, and where it was disabled
+BLAMES_CAPTURE = "capture"  # another capture, and where it began
+BLAMES_THREAD = "thread"  # the thread that ended while its capture was active
 
 # vLLM's own words for the same rule, so that searches for its error find this one too.
 DISABLED_SENTENCE = (
@@ -49,8 +60,9 @@ class Cause:
         self.mode = mode
         self.query = query  # the offending call queries rather than synchronizes
         self.elsewhere = elsewhere  # the capture is another thread's
-        # What the call waits on that breaks the capture: "captured_event" (an event recorded
-        # into it), "capturing_stream" (its stream), or "" (a call the thread may not make).
+        # What the call waits on that breaks the capture: WHY_CAPTURED_EVENT (an event
+        # recorded into it), WHY_CAPTURING_STREAM (its stream), or "" (a call the thread may
+        # not make).
         self.why = why
 
     def completed(self, where: str) -> "Cause":
@@ -70,12 +82,14 @@ class Rule:
 
     __slots__ = (
         "attempt_title",
+        "blames",
         "cause_key",
         "cause_title",
         "diagnostic",
         "error",
         "message",
         "name",
+        "thread_key",
     )
 
     def __init__(
@@ -83,20 +97,26 @@ class Rule:
         error: "type[CaptureViolation]",
         *,
         diagnostic: bool,
+        blames: str,
         cause_key: "str | None",
         cause_title: str,
         attempt_title: str,
         message: "Callable[[str, Cause], str]",
+        thread_key: "str | None" = None,
     ) -> None:
         self.name = error.rule  # named once, on the exception users catch
         self.error = error
         # A diagnostic logs whatever the global mode; the others take the mode (raise or log).
         self.diagnostic = diagnostic
+        self.blames = blames  # BLAMES_FLAG, BLAMES_CAPTURE or BLAMES_THREAD
         # The event key that holds the cause's stack, and its title in the console rendering;
         # None for a rule whose only stack is the offending one.
         self.cause_key = cause_key
         self.cause_title = cause_title
         self.attempt_title = attempt_title  # the console title of the offending call's stack
+        # The event key that holds the id of the thread whose capture is the cause, where the
+        # cause is another thread's capture.
+        self.thread_key = thread_key
         # (head, cause) -> the exception's and the event's one-sentence message; ``head`` is
         # "API at FILE:LINE (in F)".
         self.message = message
@@ -133,13 +153,13 @@ def _sync(head: str, cause: Cause) -> str:
     verb = "queries" if cause.query else "synchronizes"
     start = "Synchronize during CUDA graph capture:"
     whose = f"thread {cause.thread_id}'s" if cause.elsewhere else "this thread's"
-    if cause.why == "captured_event":
+    if cause.why == WHY_CAPTURED_EVENT:
         return (
             f"{start} {head} {verb} an event last recorded in {whose} capture {cause.where}, "
             f"which is active; CUDA fails it in every capture_error_mode ('operation not "
             f"permitted on an event last recorded in a capturing stream')."
         )
-    if cause.why == "capturing_stream":
+    if cause.why == WHY_CAPTURING_STREAM:
         return (
             f"{start} {head} {verb} the stream of {whose} capture {cause.where}, which is "
             f"active; CUDA fails it in every capture_error_mode ({_PROHIBITED}) and "
@@ -177,6 +197,7 @@ RULES: "dict[str, Rule]" = {
         Rule(
             CaptureDisabledError,
             diagnostic=False,
+            blames=BLAMES_FLAG,
             cause_key="disabled_stack",
             cause_title="Capture was disabled at (most recent call last):",
             attempt_title=_ATTEMPT,
@@ -185,6 +206,7 @@ RULES: "dict[str, Rule]" = {
         Rule(
             NestedCaptureError,
             diagnostic=False,
+            blames=BLAMES_CAPTURE,
             cause_key="outer_stack",
             cause_title="The outer capture began at (most recent call last):",
             attempt_title=_ATTEMPT,
@@ -193,6 +215,8 @@ RULES: "dict[str, Rule]" = {
         Rule(
             ConcurrentCaptureError,
             diagnostic=True,
+            blames=BLAMES_CAPTURE,
+            thread_key="other_thread_id",
             cause_key="other_stack",
             cause_title="The other thread's capture began at (most recent call last):",
             attempt_title=_ATTEMPT,
@@ -201,6 +225,8 @@ RULES: "dict[str, Rule]" = {
         Rule(
             SyncDuringCaptureError,
             diagnostic=True,
+            blames=BLAMES_CAPTURE,
+            thread_key="capture_thread_id",
             cause_key="capture_stack",
             cause_title="The capture began at (most recent call last):",
             attempt_title="The synchronize or query was made at (most recent call last):",
@@ -211,6 +237,7 @@ RULES: "dict[str, Rule]" = {
         Rule(
             AbandonedCaptureError,
             diagnostic=True,
+            blames=BLAMES_THREAD,
             cause_key=None,
             cause_title="",
             attempt_title="The abandoned capture began at (most recent call last):",

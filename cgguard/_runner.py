@@ -18,7 +18,6 @@ from cgguard import _exempt_syntax
 from cgguard._rules import ACTIONS, NAMES
 from cgguard._settings import (
     BOOL,
-    ENABLED,
     EXEMPT,
     PATH,
     RULE_PREFIX,
@@ -27,6 +26,7 @@ from cgguard._settings import (
     is_path,
     shown,
 )
+from cgguard._startup import ENABLED
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence

@@ -7,7 +7,10 @@ derived from ``SETTINGS`` and from the rule table (one CGGUARD_RULE_<RULE> per r
 # Read on the start-up path of every process that sets a CGGUARD_* variable, before torch:
 # standard library only, and no ``typing`` at runtime (it alone costs most of a bare
 # interpreter's start-up).
+import os
+
 from cgguard._rules import ACTIONS, NAMES
+from cgguard._startup import ENABLED
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -25,7 +28,6 @@ EXEMPT = (
 )  # exemptions: RULE=PLACE entries, separated by ";" (cgguard._exempt_syntax)
 
 PREFIX = "CGGUARD_"
-ENABLED = "CGGUARD_ENABLED"
 RULE_PREFIX = "CGGUARD_RULE_"
 
 # A value quoted in a message is cut to this many characters of its repr: enough to recognise a
@@ -277,3 +279,21 @@ def is_enabled(environ: "Mapping[str, str]") -> "bool | None":
     """CGGUARD_ENABLED as a boolean; None when unset or empty, or not an accepted spelling."""
     raw = environ.get(ENABLED, "")
     return parse_bool(raw) if raw else None
+
+
+def activation_says_on(default: bool) -> bool:
+    """Whether activation goes on: CGGUARD_ENABLED parsed (``default`` when unset); if on,
+    every bad CGGUARD_* value is reported, so that a typo is seen at start even by a process
+    that never imports torch."""
+    from cgguard._warn import warn_once
+
+    enabled = is_enabled(os.environ)
+    raw = os.environ.get(ENABLED, "")
+    if enabled is None and raw.strip():
+        line = f"ignoring {ENABLED}={shown(raw)}: accepted values are {accepted(BOOL)}"
+        warn_once(line, line)
+    on = default if enabled is None else enabled
+    if on:
+        for line in read(os.environ)[2]:
+            warn_once(line, line)
+    return on

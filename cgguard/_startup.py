@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 ENABLED = "CGGUARD_ENABLED"
 ON_TORCH_IMPORT = "cgguard._activation:on_torch_import"
+# CGGUARD_ENABLED parsed, and every other CGGUARD_* value checked, where it is not plainly "1".
+CHECK_ENVIRONMENT = "cgguard._settings:activation_says_on"
 
 # How this process was activated ("pth", "sitecustomize"; None if not): the one fact activation
 # keeps, here rather than on the installation, so that an idle activation loads nothing more.
@@ -49,7 +51,9 @@ def activate(origin: str, *, default: bool = False) -> bool:
         plain = os.environ.get(ENABLED) == "1" and not any(
             name.startswith("CGGUARD_") and name != ENABLED for name in os.environ
         )
-        if not plain and not _environment_says_on(default):
+        # Resolved by name, as the post-import hooks are: this module imports nothing of
+        # cgguard above it, so that the settings can name their variables from here.
+        if not plain and not _resolve(CHECK_ENVIRONMENT)(default):
             return False
         if activated_by is None:
             activated_by = origin
@@ -61,23 +65,6 @@ def activate(origin: str, *, default: bool = False) -> bool:
     except Exception as exc:
         _warn("activate", f"could not activate, captures are not guarded: {exc!r}")
         return False
-
-
-def _environment_says_on(default: bool) -> bool:
-    """Parse CGGUARD_ENABLED (``default`` when unset); if on, report every bad CGGUARD_* value."""
-    from cgguard import _settings
-
-    enabled = _settings.is_enabled(os.environ)
-    raw = os.environ.get(ENABLED, "")
-    if enabled is None and raw.strip():
-        accepted = _settings.accepted(_settings.BOOL)
-        line = f"ignoring {ENABLED}={_settings.shown(raw)}: accepted values are {accepted}"
-        _warn(line, line)
-    on = default if enabled is None else enabled
-    if on:
-        for line in _settings.read(os.environ)[2]:
-            _warn(line, line)
-    return on
 
 
 def _warn(key: str, message: str) -> None:
@@ -178,11 +165,11 @@ def _notify(name: str, module: "ModuleType") -> None:
             _warn(f"hook:{name}", f"error after importing {name}, ignored: {exc!r}")
 
 
-def _resolve(hook: str) -> "Callable[[ModuleType], None]":
-    import importlib
-
+def _resolve(hook: str) -> "Callable[..., Any]":
     module, _, function = hook.partition(":")
-    found: Callable[[ModuleType], None] = getattr(importlib.import_module(module), function)
+    # The import statement's own machinery: importlib's package would cost an idle start-up.
+    __import__(module)
+    found: Callable[..., Any] = getattr(sys.modules[module], function)
     return found
 
 

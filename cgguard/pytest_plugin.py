@@ -133,7 +133,7 @@ class _Guard:
     def listening(self) -> Generator[None, None, None]:
         # A listener of its own rather than the log stream: logging drops stacks on repeats,
         # and a test must see every violation in full (PITFALLS, "Reporting and integrations").
-        from cgguard._guard import LISTENERS
+        from cgguard._state import LISTENERS
 
         LISTENERS.append(self._listen)
         try:
@@ -180,10 +180,11 @@ class _Guard:
     ) -> Generator[None, Result[pytest.TestReport], None]:
         # A capture left by a thread the test started and ended is this test's violation; found
         # later, it would fail whichever test came next.
-        from cgguard import _guard
+        from cgguard import _state
 
-        if _guard.current is not None:
-            _guard.current.drop_abandoned()
+        installation = _state.current
+        if installation is not None and installation.tracker is not None:
+            installation.tracker.drop_abandoned()
         report = (yield).get_result()
         test = item.stash.get(_TEST, None)
         if test is None or test.handled:

@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import cgguard
-from cgguard import _warn
-from cgguard._guard import FLAG, FOLLOWED, LISTENERS
+from cgguard import _state, _warn
 from cgguard.testing import capture_violations
 
 if TYPE_CHECKING:
@@ -106,12 +105,11 @@ def _clean_cuda_device(request: pytest.FixtureRequest) -> Iterator[None]:
 def _clean_process() -> Iterator[None]:
     environ = dict(os.environ)
     path = list(sys.path)
-    listeners, followed = list(LISTENERS), list(FOLLOWED)
+    listeners = list(_state.LISTENERS)  # a session under `pytest --cgguard` has its own
     yield
     cgguard.uninstall()
-    FLAG.set(True, None)
-    LISTENERS[:] = listeners
-    FOLLOWED[:] = followed
+    _state.reset()
+    _state.LISTENERS.extend(listeners)
     os.environ.clear()
     os.environ.update(environ)
     sys.path[:] = path

@@ -12,6 +12,24 @@ DISABLED_SENTENCE = (
 )
 
 
+def tracker() -> Any:
+    """The capture path of the installation in effect (torch is patched)."""
+    from cgguard import _state
+
+    installation = _state.current
+    assert installation is not None
+    assert installation.tracker is not None
+    return installation.tracker
+
+
+def run_seen() -> Any:
+    """What the installation in effect has seen."""
+    from cgguard import _state
+
+    assert _state.current is not None
+    return _state.current.run
+
+
 def patched_count() -> int:
     """How many of torch's entry points install() patches here: torch_entry_points(), and
     torch._C._cuda_synchronize where the build has it (CUDA builds; on CPU builds only the

@@ -308,3 +308,22 @@ def test_explicit_install_before_torch_keeps_its_configuration() -> None:
         """
     done = python(code, clean_environ(CGGUARD_ENABLED="1"))
     assert (done.returncode, done.stdout, done.stderr) == (0, f"log {patched_count()}\n", "")
+
+
+def test_the_pth_skips_exactly_the_values_the_settings_read_as_off() -> None:
+    """The .pth line's shortcut, which spares an idle process cgguard's import, leaves out
+    just the spellings of "off" that CGGUARD_ENABLED's one parser reads, and an empty value."""
+    import ast
+
+    from cgguard._settings import parse_bool
+
+    line = (REPO / "cgguard.pth").read_text().strip()
+    skipped = next(
+        node.comparators[0]
+        for node in ast.walk(ast.parse(line))
+        if isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.NotIn)
+    )
+    assert isinstance(skipped, ast.Tuple)
+    words = {ast.literal_eval(item) for item in skipped.elts}
+    spellings = {"", "0", "1", "false", "true", "no", "yes", "off", "on", "maybe"}
+    assert words == {w for w in spellings if w == "" or parse_bool(w) is False}

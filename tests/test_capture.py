@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
-from helpers import DISABLED_SENTENCE, SourceFile
+from helpers import DISABLED_SENTENCE, SourceFile, tracker
 from torch.cuda import graph as graph_taken_early
 
 import cgguard
-from cgguard import _guard
+from cgguard import _capture, _state
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -399,8 +399,7 @@ def test_nothing_left_behind_when_enter_makes_no_capture_begin(runtime: Runtime)
     with torch.cuda.graph(graph):
         runtime.tensor().add_(1)
     assert cgguard.status().captures == ()
-    assert _guard.current is not None
-    assert _guard.current.entering == {}  # nothing half-begun left behind
+    assert tracker().entering == {}  # nothing half-begun left behind
 
 
 def open_capture(context: Any) -> None:
@@ -567,8 +566,7 @@ def test_capture_made_while_torch_prepares_another_on_one_thread(
         ("capture_disabled", "torch.cuda.graph", line_of("@hook-captures")),
     ]
     assert cgguard.status().captures == ()
-    assert _guard.current is not None
-    assert _guard.current.entering == {}  # nothing half-begun left behind
+    assert tracker().entering == {}  # nothing half-begun left behind
 
 
 @pytest.mark.simulated
@@ -614,7 +612,7 @@ def test_capture_begun_while_another_is_being_reported_is_concurrent(
 
         c = run_in_thread(thread_c)
         assert c_began.wait(timeout=20)
-        _guard.LISTENERS.append(slow_report)
+        _state.LISTENERS.append(slow_report)
         with torch.cuda.graph(torch.cuda.CUDAGraph()):  # global: concurrent with C, then B
             pass
         release.set()
@@ -704,10 +702,9 @@ def test_a_capture_left_by_a_thread_that_ended_is_abandoned_not_nested(
             _thread.start_new_thread(leaves_a_capture, ())
             assert ended.wait(timeout=20)
             # A raw thread cannot be joined: wait for its end, which its capture's mark shows.
-            assert _guard.current is not None
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and any(
-                record[1]() is not None for record in list(_guard.current.active.values())
+                record[1]() is not None for record in list(tracker().active.values())
             ):
                 time.sleep(0.01)
         with torch.cuda.graph(torch.cuda.CUDAGraph()):  # global: concurrent, if it counted
@@ -716,8 +713,7 @@ def test_a_capture_left_by_a_thread_that_ended_is_abandoned_not_nested(
 
         def begins_on_a_new_thread() -> None:  # often the ended thread's id again
             idents.append(threading.get_ident())
-            assert _guard.current is not None
-            reused.append(_guard.current.check_begin(_guard.API_CAPTURE_BEGIN, 1, "global", ()))
+            reused.append(tracker().check(_capture.API_CAPTURE_BEGIN, 1, "global", (), None))
 
         join_all(run_in_thread(begins_on_a_new_thread))
     abandoned = frame("@abandoned", "leaves_a_capture")

@@ -415,15 +415,30 @@ def test_from_environ_file_target_without_log_file_warn_false_is_silent(
     )
 
 
-def test_every_config_field_but_rules_is_a_declared_setting() -> None:
-    """Config's fields and defaults are cgguard._settings' table, plus the per-rule actions."""
+@pytest.mark.parametrize(
+    ("field", "raw", "value"),
+    [
+        ("mode", "log", "log"),
+        ("log_format", "json", "json"),
+        ("log_file", "/srv/cg.log", "/srv/cg.log"),
+        ("log_target", "stderr", "stderr"),
+        ("report", "/srv/r.json", "/srv/r.json"),
+        ("capture", "disabled", "disabled"),
+        ("simulate_cuda", "1", True),
+        ("vllm_bridge", "0", False),
+        ("exempt", "capture_disabled=vllm_plugin.", (("capture_disabled", "vllm_plugin."),)),
+        ("exempt_file", "/srv/exempt.txt", "/srv/exempt.txt"),
+    ],
+)
+def test_each_field_but_rules_is_read_from_the_variable_named_after_it(
+    field: str, raw: str, value: object
+) -> None:
+    """CGGUARD_<FIELD> sets that field, and no other; Config has no field it does not read."""
     import dataclasses
 
-    from cgguard._settings import SETTINGS
-
-    fields = {f.name: f.default for f in dataclasses.fields(cgguard.Config) if f.name != "rules"}
-    assert fields == {name: setting.default for name, setting in SETTINGS.items()}
-    assert fields == {name: value for name, value in DEFAULTS.items() if name != "rules"}
+    assert sorted(f.name for f in dataclasses.fields(cgguard.Config)) == sorted(DEFAULTS)
+    got = dataclasses.asdict(cgguard.Config.from_environ({f"CGGUARD_{field.upper()}": raw}))
+    assert got == {**DEFAULTS, field: value}
 
 
 def test_paths_may_be_path_like() -> None:

@@ -652,10 +652,10 @@ def test_summary_of_a_run_that_only_exempted_is_info(
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_child_forked_while_another_thread_matches_exemptions_does_not_hang() -> None:
     """A lock another thread held at the fork is the child's own again, so matching goes on."""
-    from cgguard import _guard
+    from cgguard import _state
 
     install("capture_disabled=cgg_nowhere.")
-    exempt = _guard.current.exempt if _guard.current is not None else None
+    exempt = _state.current.reporter.exemptions if _state.current is not None else None
     assert exempt is not None
     holding, release = threading.Event(), threading.Event()
 
@@ -673,7 +673,11 @@ def test_a_child_forked_while_another_thread_matches_exemptions_does_not_hang() 
     if pid == 0:  # the child: one frame to match, which takes the lock
         code = 0
         try:
-            exempt.match("capture_disabled", (sys._getframe().f_code, 0))
+            assert _state.current is not None
+            # The exemptions the child's violations are matched against.
+            child = _state.current.reporter.exemptions
+            assert child is not None
+            child.match("capture_disabled", (sys._getframe().f_code, 0))
         except BaseException:
             code = 1
         os._exit(code)

@@ -9,7 +9,7 @@ from helpers import SourceFile
 
 import cgguard
 from cgguard._frames import render
-from cgguard._guard import FLAG
+from cgguard._state import FLAG
 
 line_of = SourceFile(__file__).line_of
 

@@ -187,19 +187,17 @@ def test_a_table_that_disagrees_is_reported_and_fails(
     table.write_text(json.dumps(document))
     assert probe.main(["--table", str(table), "--only", "empty_capture"]) == 1
     lines = capsys.readouterr().out.splitlines()
-    committed = probe.read_table(probe.TABLE)
-    width = max(map(len, probe.keys())) + 2  # the longest scenario name, and two
+    # Each line: the scenario padded to the longest name and two spaces, then both sides.
+    width = max(map(len, probe.keys())) + 2
+    empty = "ok (warns UserWarning: The CUDA Graph is empty); capture: not capturing"
     assert [
         f"observed on {SIMULATED}",
-        *[
-            f"{key:<{width}}simulation now: {probe.render(committed[key])}  |  simulated table: "
-            f"{probe.render(result)}  |  {verdict}"
-            for key, result, verdict in [
-                ("empty_capture/global", committed["empty_capture/global"], "agree"),
-                ("empty_capture/thread_local", committed["empty_capture/thread_local"], "agree"),
-                ("empty_capture/relaxed", {"outcome": "made up", "capture": "ended"}, "DISAGREE"),
-            ]
-        ],
+        f"{'empty_capture/global':<{width}}simulation now: {empty}  |  simulated table: "
+        f"{empty}  |  agree",
+        f"{'empty_capture/thread_local':<{width}}simulation now: {empty}  |  simulated table: "
+        f"{empty}  |  agree",
+        f"{'empty_capture/relaxed':<{width}}simulation now: {empty}  |  simulated table: "
+        "made up; capture: ended  |  DISAGREE",
         f"1 of 3 scenarios disagree with the simulated table (observed on {SIMULATED})",
     ] == lines
 

@@ -563,7 +563,7 @@ IDLE["test_idle"] = f"""
     def test_idle():
         assert [] == sorted(m for m in {HEAVY!r} if m in sys.modules)
         import cgguard
-        from cgguard._guard import LISTENERS
+        from cgguard._state import LISTENERS
 
         assert (False, []) == (cgguard.is_installed(), LISTENERS)
 """
@@ -631,7 +631,7 @@ def test_a_raised_violation_s_traceback_ends_at_the_user_s_line(
         result.stdout.re_match_lines(
             [rf">\s+.*  # @{marker}$", rf"^test_tracebacks\.py:\d+: {error}$"]
         )
-    result.stdout.no_fnmatch_line("*cgguard*_guard.py*")
+    result.stdout.no_fnmatch_line("*cgguard*_capture.py*")
 
 
 def test_ini_option_turns_the_guard_on(pytester: pytest.Pytester) -> None:

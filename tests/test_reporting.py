@@ -18,10 +18,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from helpers import DISABLED_SENTENCE, SourceFile
+from helpers import DISABLED_SENTENCE, SourceFile, run_seen, tracker
 
 import cgguard
-from cgguard import _events, _guard, _report_file, _schema, _warn
+from cgguard import _events, _report_file, _schema, _threads, _warn
 from cgguard._frames import snapshot
 from cgguard.testing import capture_violations
 
@@ -66,11 +66,21 @@ import threading
 
 import cgguard
 from cgguard._frames import snapshot
-from cgguard import _guard
+from cgguard import _state
+from cgguard._capture import NO_TORCH, Tracker
+
+
+def check(stack):
+    # A capture attempt at ``stack``, checked as torch's hooks check one (torch is not
+    # imported here: a capture path of its own, answered by the installation's reporter).
+    tracker = Tracker(
+        NO_TORCH, _state.current.reporter, flag=_state.FLAG, follows=_state.FOLLOWED
+    )
+    tracker.check("torch.cuda.graph", 1, "global", stack, None)
 
 
 def violate():
-    _guard.current.check_begin("torch.cuda.graph", 1, "global", snapshot(1)[:2])
+    check(snapshot(1)[:2])
 
 
 print(json.dumps({"pid": os.getpid(), "thread_id": threading.get_ident()}), flush=True)
@@ -87,8 +97,7 @@ def here() -> Snapshot:
 
 
 def violate(stack: Snapshot) -> None:
-    assert _guard.current is not None
-    _guard.current.check_begin(API, 1, "global", stack)
+    tracker().check(API, 1, "global", stack, None)
 
 
 def disabled_event(
@@ -357,8 +366,7 @@ def test_another_rule_at_the_same_line_is_another_site(tmp_path: Path) -> None:
     log = tmp_path / "events.jsonl"
     cgguard.install(cgguard.Config(mode="log", log_file=str(log), capture="disabled"))
     outer_stack = here()  # outer
-    assert _guard.current is not None
-    _guard.current.active[7] = (7, _guard.this_thread(), API, "global", outer_stack)
+    tracker().active[7] = (7, _threads.this_thread(), API, "global", outer_stack, None)
     for _ in range(2):
         violate(here())  # two-rules
     function = "test_another_rule_at_the_same_line_is_another_site"
@@ -449,8 +457,7 @@ def test_a_storm_of_ten_thousand_keeps_one_site_and_fourteen_lines(tmp_path: Pat
     cgguard.install(cgguard.Config(mode="log", log_file=str(log), capture="disabled"))
     for _ in range(10_000):
         violate(here())  # big-storm
-    assert _guard.current is not None
-    assert len(_guard.current.ledger.sites()) == 1
+    assert len(run_seen().ledger.sites()) == 1
     assert cgguard.status().violations == {"capture_disabled": 10_000}
     assert [event["count"] for event in read_events(log)] == [2**n for n in range(14)]
 
@@ -1167,9 +1174,8 @@ def test_identical_helpers_in_two_files_are_two_sites(tmp_path: Path) -> None:
     assert helpers[0][1].__code__ == helpers[1][1].__code__  # why a site is keyed by identity
     for _, helper in helpers:
         helper(violate, snapshot)
-    assert _guard.current is not None
     assert [
-        (s.count, s.code.co_filename if s.code else None) for s in _guard.current.ledger.sites()
+        (s.count, s.code.co_filename if s.code else None) for s in run_seen().ledger.sites()
     ] == [
         (1, helpers[0][0]),
         (1, helpers[1][0]),
@@ -1230,7 +1236,7 @@ def child():
     # Thirty sites more, past what the capturing thread writes itself: offsets past the end of
     # child's own instructions, so that none is the violate() call's on any Python's bytecode.
     for n in range(30):
-        _guard.current.check_begin("torch.cuda.graph", 1, "global", (code, end + 2 * n))
+        check((code, end + 2 * n))
 
 
 if __name__ == "__main__":

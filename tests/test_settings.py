@@ -192,10 +192,17 @@ def _modules_after(code: str) -> set[str]:
 
 @pytest.mark.subprocess
 def test_import_adds_no_heavy_modules() -> None:
-    """Importing cgguard._settings loads only it, the rule table and the exceptions: no typing."""
+    """Importing cgguard._settings loads only it, the rule table, the exceptions and the
+    start-up module that names CGGUARD_ENABLED: no typing."""
     bare = _modules_after("pass")
     imported = _modules_after("import cgguard._settings")
-    assert {"cgguard", "cgguard._settings", "cgguard._rules", "cgguard._errors"} == imported - bare
+    assert {
+        "cgguard",
+        "cgguard._settings",
+        "cgguard._rules",
+        "cgguard._errors",
+        "cgguard._startup",
+    } == imported - bare
 
 
 def test_misspelt_rule_variable_is_reported() -> None:

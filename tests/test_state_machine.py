@@ -14,12 +14,12 @@ from typing import Any
 import hypothesis.strategies as st
 import pytest
 import torch
+from helpers import tracker
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import cgguard
-from cgguard import _guard
-from cgguard._guard import FLAG
+from cgguard._state import FLAG
 from cgguard.testing import capture_violations, simulated_cuda
 
 pytestmark = pytest.mark.simulated
@@ -153,8 +153,7 @@ class CaptureMachine(RuleBasedStateMachine):
     @invariant()
     def views_agree(self) -> None:
         by_thread: dict[int, set[int]] = {}
-        assert _guard.current is not None
-        for key, (_, thread, *_) in _guard.current.active.items():
+        for key, (_, thread, *_) in tracker().active.items():
             by_thread.setdefault(thread.ident, set()).add(key)
         model = {w.ident: {id(c.graph) for c in w.captures} for w in self.workers if w.captures}
         assert by_thread == model

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
+from helpers import run_seen
 
 import cgguard
-from cgguard import _guard
 from cgguard.testing import SimulatedCudaError, capture_violations, simulated_cuda
 
 if TYPE_CHECKING:
@@ -196,8 +196,7 @@ def test_eight_threads_capturing_count_every_violation_exactly(run: Run) -> None
 
     assert cgguard.status().captures == ()
     assert totals == cgguard.status().violations
-    assert _guard.current is not None
-    assert len(_guard.current.ledger.sites()) == 4
+    assert len(run_seen().ledger.sites()) == 4
 
     # How the simulated driver saw each capture end: ok for all but each worker's last.
     ended = Counter((c.thread, c.args[1]) for c in run.simulation.calls if c.name == "capture_end")

@@ -12,7 +12,7 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from cgguard import _install
-from cgguard._guard import LISTENERS
+from cgguard._state import LISTENERS
 from cgguard.testing import _simcuda
 from cgguard.testing._simcuda import SimulatedCuda, SimulatedCudaError, SimulationError
 

@@ -1,4 +1,4 @@
-"""The rules as plain Python: which attempts break which rule, and what a violation produces."""
+"""The capture path: which attempts break which rule, and what a violation produces."""
 
 from __future__ import annotations
 
@@ -8,11 +8,18 @@ import threading
 from typing import Any
 
 import pytest
-from helpers import DISABLED_SENTENCE, SourceFile
+from helpers import DISABLED_SENTENCE, SourceFile, tracker
 
 import cgguard
-from cgguard import _guard
-from cgguard._guard import FLAG, LISTENERS, Guard, Record, find_sync_violation, find_violations
+from cgguard import _capture, _state
+from cgguard._capture import NO_TORCH, Tracker
+from cgguard._checks import Record, find_sync_violation, find_violations
+from cgguard._flags import Disabler
+from cgguard._install import CaptureInfo
+from cgguard._ledger import Run
+from cgguard._state import FLAG, LISTENERS
+from cgguard._threads import this_thread
+from cgguard._violations import Reporter
 
 CAPTURE_DISABLED, NESTED_CAPTURE, CONCURRENT_CAPTURE = (
     "capture_disabled",
@@ -40,15 +47,19 @@ def other_begins() -> None:  # @other
     """Stands in for the user's code that began a capture on another thread."""
 
 
-def guard() -> Guard:
-    """The installation in effect."""
-    assert _guard.current is not None
-    return _guard.current
+def check(api: str, key: int, mode: str, stack: Any) -> Record:
+    """A capture attempt checked as torch's hooks check one; its record, if it may begin."""
+    record: Record = tracker().check(api, key, mode, stack, None)[0]
+    return record
+
+
+# What capture_disabled is blamed on when cgguard's own flag was set by configuration.
+DISABLED = Disabler(None, None)
 
 
 def sync_entry_point() -> None:
     """Stands in for cgguard's wrapper on a synchronize entry point: it calls check_sync."""
-    guard().check_sync(_guard.API_SYNCHRONIZE)
+    tracker().check_sync(_capture.API_SYNCHRONIZE)
 
 
 def user_synchronizes() -> None:
@@ -75,7 +86,7 @@ def _no_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class AliveThread:
-    """Stands in for another running thread, as captures remember it (a _guard.ThreadRef)."""
+    """Stands in for another running thread, as captures remember it (a ThreadRef)."""
 
     def __init__(self, ident: int) -> None:
         self.ident = ident
@@ -91,22 +102,22 @@ _threads: dict[int, Any] = {}
 def thread(ident: int) -> Any:
     """This thread for its own id; a stand-in, one per id, for any other."""
     if ident == threading.get_ident():
-        return _guard.this_thread()
+        return this_thread()
     return _threads.setdefault(ident, AliveThread(ident))
 
 
 def record(thread_id: int, key: int = 1, mode: str = "global") -> Record:
-    return (key, thread(thread_id), _guard.API_GRAPH, mode, stack_of(outer_begins))
+    return (key, thread(thread_id), _capture.API_GRAPH, mode, stack_of(outer_begins), None)
 
 
 def test_nothing_broken_when_enabled_and_idle() -> None:
     """Capture enabled and nothing active: no rule is broken."""
-    assert find_violations(True, thread(7), "global", []) == []
+    assert find_violations(None, thread(7), "global", []) == []
 
 
 def test_disabled_breaks_capture_disabled() -> None:
     """Capture disabled: the capture_disabled rule, with no record behind it."""
-    assert find_violations(False, thread(7), "global", []) == [(CAPTURE_DISABLED, None)]
+    assert find_violations(DISABLED, thread(7), "global", []) == [(CAPTURE_DISABLED, DISABLED)]
 
 
 @pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
@@ -114,8 +125,8 @@ def test_active_capture_on_same_thread_is_nested(mode: str) -> None:
     """A capture active on the same thread: nested_capture naming it, whatever either's mode."""
     mine = record(7, 2, mode=mode)
     others = record(8, 1, mode="thread_local")
-    assert find_violations(True, thread(7), mode, [mine]) == [(NESTED_CAPTURE, mine)]
-    found = find_violations(True, thread(7), "thread_local", [others, mine])
+    assert find_violations(None, thread(7), mode, [mine]) == [(NESTED_CAPTURE, mine)]
+    found = find_violations(None, thread(7), "thread_local", [others, mine])
     assert found == [(NESTED_CAPTURE, mine)]
 
 
@@ -130,7 +141,7 @@ def test_active_capture_on_same_thread_is_nested(mode: str) -> None:
 def test_active_capture_on_other_thread_is_legal(mode: str, other_modes: tuple[str, str]) -> None:
     """Captures active only on other threads, none of them or this one global: no rule broken."""
     active = [record(8, mode=other_modes[0]), record(9, 2, mode=other_modes[1])]
-    assert find_violations(True, thread(7), mode, active) == []
+    assert find_violations(None, thread(7), mode, active) == []
 
 
 @pytest.mark.parametrize(
@@ -146,14 +157,14 @@ def test_active_capture_on_other_thread_is_legal(mode: str, other_modes: tuple[s
 def test_other_threads_capture_with_global_is_concurrent(mode: str, other_mode: str) -> None:
     """Another thread capturing, either of the two in global mode: concurrent_capture, naming it."""
     other = record(8, mode=other_mode)
-    assert find_violations(True, thread(7), mode, [other]) == [(CONCURRENT_CAPTURE, other)]
+    assert find_violations(None, thread(7), mode, [other]) == [(CONCURRENT_CAPTURE, other)]
 
 
 def test_concurrent_names_the_first_conflicting_capture() -> None:
     """Several other threads capturing: the first capture that conflicts is the one named."""
     quiet = record(8, 1, mode="thread_local")
     first, second = record(9, 2, mode="global"), record(10, 3, mode="global")
-    assert find_violations(True, thread(7), "thread_local", [quiet, first, second]) == [
+    assert find_violations(None, thread(7), "thread_local", [quiet, first, second]) == [
         (CONCURRENT_CAPTURE, first)
     ]
 
@@ -161,8 +172,8 @@ def test_concurrent_names_the_first_conflicting_capture() -> None:
 def test_both_rules_reported_in_order() -> None:
     """Disabled and nested at once: both, the process-wide rule first."""
     mine = record(7)
-    assert find_violations(False, thread(7), "global", [mine]) == [
-        (CAPTURE_DISABLED, None),
+    assert find_violations(DISABLED, thread(7), "global", [mine]) == [
+        (CAPTURE_DISABLED, DISABLED),
         (NESTED_CAPTURE, mine),
     ]
 
@@ -170,8 +181,8 @@ def test_both_rules_reported_in_order() -> None:
 def test_all_three_rules_reported_in_order() -> None:
     """Disabled, nested and concurrent at once: in that order, each with its own cause."""
     mine, other = record(7, 1), record(8, 2)
-    assert find_violations(False, thread(7), "global", [other, mine]) == [
-        (CAPTURE_DISABLED, None),
+    assert find_violations(DISABLED, thread(7), "global", [other, mine]) == [
+        (CAPTURE_DISABLED, DISABLED),
         (NESTED_CAPTURE, mine),
         (CONCURRENT_CAPTURE, other),
     ]
@@ -222,19 +233,17 @@ def test_a_query_during_a_relaxed_capture_is_legal_unless_of_its_stream() -> Non
     assert find_sync_violation(thread(7), [mine]) is mine  # a synchronize is reported
 
 
-def test_check_begin_returns_the_record_to_activate() -> None:
-    """A legal attempt comes back as a record for this thread, not yet active."""
+def test_a_capture_is_active_from_the_moment_torch_begins_it() -> None:
+    """A legal capture_begin is recorded as torch begins it, for this thread, and stays so."""
     cgguard.install()
-    stack = stack_of(plugin_captures)
-    got = guard().check_begin(_guard.API_CAPTURE_BEGIN, 42, "relaxed", stack)
-    assert got == (
-        42,
-        _guard.this_thread(),
-        "CUDAGraph.capture_begin",
-        "relaxed",
-        stack,
-    )
-    assert guard().active == {}
+    graph, seen = object(), []
+
+    def torch_begins(*args: object, **kwargs: object) -> None:
+        seen.append(cgguard.status().captures)
+
+    tracker().capture_begin(torch_begins, graph, (), {"capture_error_mode": "relaxed"})
+    began = (CaptureInfo(threading.get_ident(), "CUDAGraph.capture_begin", "relaxed"),)
+    assert (seen, cgguard.status().captures) == ([began], began)
 
 
 def test_disabled_event_is_the_documented_schema(events: list[dict[str, object]]) -> None:
@@ -242,7 +251,7 @@ def test_disabled_event_is_the_documented_schema(events: list[dict[str, object]]
     cgguard.install()
     FLAG.set(False, stack_of(runner_disables))
     with pytest.raises(cgguard.CaptureDisabledError) as raised:
-        guard().check_begin(_guard.API_GRAPH, 1, "global", stack_of(plugin_captures))
+        check(_capture.API_GRAPH, 1, "global", stack_of(plugin_captures))
     (event,) = events
     assert TIMESTAMP.fullmatch(str(event["timestamp"]))
     where_plugin = f"{__file__}:{frame('@plugin', 'plugin_captures')['line']} (in plugin_captures)"
@@ -275,7 +284,7 @@ def test_disabled_event_is_the_documented_schema(events: list[dict[str, object]]
 def test_disabled_by_configuration_has_null_stack(events: list[dict[str, object]]) -> None:
     """Capture disabled by the configuration at start: disabled_stack is null and says so."""
     cgguard.install(cgguard.Config(mode="log", capture="disabled"))
-    guard().check_begin(_guard.API_GRAPH, 1, "global", stack_of(plugin_captures))
+    check(_capture.API_GRAPH, 1, "global", stack_of(plugin_captures))
     (event,) = events
     assert (event["action"], event["level"], event["disabled_stack"]) == ("logged", "warning", None)
     assert str(event["message"]).endswith(
@@ -288,13 +297,14 @@ def test_nested_event_is_the_documented_schema(events: list[dict[str, object]]) 
     cgguard.install(cgguard.Config(mode="log"))
     outer = (
         5,
-        _guard.this_thread(),
-        _guard.API_CAPTURE_BEGIN,
+        this_thread(),
+        _capture.API_CAPTURE_BEGIN,
         "global",
         stack_of(outer_begins),
+        None,
     )
-    guard().active[outer[0]] = outer
-    got = guard().check_begin(_guard.API_GRAPH, 6, "global", stack_of(plugin_captures))
+    tracker().active[outer[0]] = outer
+    got = check(_capture.API_GRAPH, 6, "global", stack_of(plugin_captures))
     assert got[0] == 6
     (event,) = events
     where_plugin = f"{__file__}:{frame('@plugin', 'plugin_captures')['line']} (in plugin_captures)"
@@ -325,11 +335,9 @@ def test_nested_event_is_the_documented_schema(events: list[dict[str, object]]) 
 def test_concurrent_event_is_the_documented_schema(events: list[dict[str, object]]) -> None:
     """A capture begun while another thread captures globally: the event names both captures."""
     cgguard.install()
-    other = (5, thread(12345), _guard.API_GRAPH, "global", stack_of(other_begins))
-    guard().active[other[0]] = other
-    got = guard().check_begin(
-        _guard.API_CAPTURE_BEGIN, 6, "thread_local", stack_of(plugin_captures)
-    )
+    other = (5, thread(12345), _capture.API_GRAPH, "global", stack_of(other_begins), None)
+    tracker().active[other[0]] = other
+    got = check(_capture.API_CAPTURE_BEGIN, 6, "thread_local", stack_of(plugin_captures))
     assert got[0] == 6
     (event,) = events
     where_plugin = f"{__file__}:{frame('@plugin', 'plugin_captures')['line']} (in plugin_captures)"
@@ -364,12 +372,13 @@ def test_sync_event_is_the_documented_schema(events: list[dict[str, object]]) ->
     cgguard.install()
     mine = (
         5,
-        _guard.this_thread(),
-        _guard.API_CAPTURE_BEGIN,
+        this_thread(),
+        _capture.API_CAPTURE_BEGIN,
         "global",
         stack_of(outer_begins),
+        None,
     )
-    guard().active[mine[0]] = mine
+    tracker().active[mine[0]] = mine
     user_synchronizes()  # @sync-schema
     (event,) = events
     where_user = (
@@ -409,8 +418,8 @@ def test_sync_event_is_the_documented_schema(events: list[dict[str, object]]) ->
 def test_sync_on_a_thread_not_capturing_reports_nothing(events: list[dict[str, object]]) -> None:
     """A synchronize while only another thread captures: no event, nothing counted."""
     cgguard.install(cgguard.Config(rules={"sync_during_capture": "raise"}))
-    other = (5, thread(12345), _guard.API_GRAPH, "thread_local", stack_of(other_begins))
-    guard().active[other[0]] = other
+    other = (5, thread(12345), _capture.API_GRAPH, "thread_local", stack_of(other_begins), None)
+    tracker().active[other[0]] = other
     user_synchronizes()
     assert (events, cgguard.status().violations) == ([], {})
 
@@ -424,7 +433,7 @@ def test_ranks_come_before_the_timestamp(
     monkeypatch.setenv("WORLD_SIZE", "8")
     cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
     FLAG.set(False, stack_of(runner_disables))
-    guard().check_begin(_guard.API_GRAPH, 1, "global", stack_of(plugin_captures))
+    check(_capture.API_GRAPH, 1, "global", stack_of(plugin_captures))
     (event,) = events
     head = ["event", "level", "rule", "action", "api", "message", "count", "thread", "thread_id"]
     expected = (
@@ -445,7 +454,7 @@ def test_only_the_ranks_set_are_reported(
     monkeypatch.setenv("RANK", "0")
     cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
     FLAG.set(False, None)
-    guard().check_begin(_guard.API_GRAPH, 1, "global", stack_of(plugin_captures))
+    check(_capture.API_GRAPH, 1, "global", stack_of(plugin_captures))
     (event,) = events
     keys = list(event)
     expected = (["pid", "rank", "timestamp"], 0)
@@ -457,9 +466,9 @@ def test_count_is_per_site(events: list[dict[str, object]]) -> None:
     cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
     FLAG.set(False, None)
     for stack in (plugin_captures, plugin_captures, other_begins, plugin_captures):
-        guard().check_begin(_guard.API_GRAPH, 1, "global", stack_of(stack))
+        check(_capture.API_GRAPH, 1, "global", stack_of(stack))
     mine = record(threading.get_ident())
-    guard().active[mine[0]] = mine
+    tracker().active[mine[0]] = mine
     for _ in range(2):
         user_synchronizes()
     got = [(e["rule"], e["stack"][-1], e["count"]) for e in events]  # type: ignore[index]
@@ -495,10 +504,10 @@ def test_diagnostics_log_in_raise_mode_unless_set_to_raise(
         if rule == "sync_during_capture":
             user_synchronizes()
         else:
-            guard().check_begin(_guard.API_CAPTURE_BEGIN, 2, "global", stack_of(plugin_captures))
+            check(_capture.API_CAPTURE_BEGIN, 2, "global", stack_of(plugin_captures))
 
     cgguard.install(cgguard.Config(mode="raise", log_file=os.devnull))
-    guard().active[cause[0]] = cause
+    tracker().active[cause[0]] = cause
     attempt()
     cgguard.install(cgguard.Config(mode="log", rules={rule: "raise"}, log_file=os.devnull))
     with pytest.raises(error) as raised:
@@ -517,9 +526,9 @@ def test_rule_off_is_silent_and_uncounted(mode: str, events: list[dict[str, obje
     )
     cgguard.install(cgguard.Config(mode=mode, rules=rules))  # type: ignore[arg-type]
     mine, other = record(threading.get_ident(), 1), record(12345, 2)
-    guard().active.update({1: mine, 2: other})
+    tracker().active.update({1: mine, 2: other})
     FLAG.set(False, None)
-    got = guard().check_begin(_guard.API_GRAPH, 3, "global", stack_of(plugin_captures))
+    got = check(_capture.API_GRAPH, 3, "global", stack_of(plugin_captures))
     user_synchronizes()
     assert (got[0], events, cgguard.status().violations) == (3, [], {})
 
@@ -531,10 +540,10 @@ def test_each_rule_takes_its_own_action(events: list[dict[str, object]]) -> None
     )
     cgguard.install(config)
     mine, other = record(threading.get_ident(), 1), record(12345, 2)
-    guard().active.update({1: mine, 2: other})
+    tracker().active.update({1: mine, 2: other})
     FLAG.set(False, None)
     with pytest.raises(cgguard.NestedCaptureError) as raised:
-        guard().check_begin(_guard.API_GRAPH, 3, "global", stack_of(plugin_captures))
+        check(_capture.API_GRAPH, 3, "global", stack_of(plugin_captures))
     assert [(e["rule"], e["action"]) for e in events] == [
         ("nested_capture", "raised"),
         ("concurrent_capture", "logged"),
@@ -546,10 +555,10 @@ def test_raise_mode_raises_the_first_and_reports_all(events: list[dict[str, obje
     """Both rules broken in raise mode: both reported, the first one raised."""
     cgguard.install()
     mine = record(threading.get_ident())
-    guard().active[mine[0]] = mine
+    tracker().active[mine[0]] = mine
     FLAG.set(False, None)
     with pytest.raises(cgguard.CaptureDisabledError):
-        guard().check_begin(_guard.API_GRAPH, 2, "global", stack_of(plugin_captures))
+        check(_capture.API_GRAPH, 2, "global", stack_of(plugin_captures))
     assert [(e["rule"], e["action"]) for e in events] == [
         ("capture_disabled", "raised"),
         ("nested_capture", "raised"),
@@ -588,9 +597,9 @@ def test_internal_error_lets_the_capture_through(
     def broken(*args: object) -> None:
         raise LookupError("guard bug")
 
-    monkeypatch.setattr(_guard, "find_violations", broken)
+    monkeypatch.setattr(_capture, "find_violations", broken)
     for key in (1, 2):
-        assert guard().check_begin(_guard.API_GRAPH, key, "global", ())[0] == key
+        assert check(_capture.API_GRAPH, key, "global", ())[0] == key
     assert capsys.readouterr().err == (
         "cgguard: internal error while checking a capture, not checked: LookupError('guard bug')\n"
     )
@@ -602,12 +611,12 @@ def test_internal_error_lets_the_synchronize_through(
     """A bug inside the synchronize check is one stderr line, never a crash or a refusal."""
     cgguard.install(cgguard.Config(rules={"sync_during_capture": "raise"}))
     mine = record(threading.get_ident())
-    guard().active[mine[0]] = mine
+    tracker().active[mine[0]] = mine
 
     def broken(*args: object, **kwargs: object) -> None:
         raise LookupError("sync guard bug")
 
-    monkeypatch.setattr(_guard, "find_sync_violation", broken)
+    monkeypatch.setattr(_capture, "find_sync_violation", broken)
     for _ in range(2):
         user_synchronizes()
     assert capsys.readouterr().err == (
@@ -628,7 +637,7 @@ def test_failing_listener_does_not_stop_the_report(
     LISTENERS.insert(0, bad)
     FLAG.set(False, None)
     with pytest.raises(cgguard.CaptureDisabledError):
-        guard().check_begin(_guard.API_GRAPH, 1, "global", ())
+        check(_capture.API_GRAPH, 1, "global", ())
     assert len(events) == 1
     assert capsys.readouterr().err == (
         "cgguard: a violation listener failed: ValueError('listener bug')\n"
@@ -643,12 +652,13 @@ def test_sync_during_a_relaxed_capture_says_only_what_cuda_documents(
     cgguard.install()
     mine = (
         5,
-        _guard.this_thread(),
-        _guard.API_CAPTURE_BEGIN,
+        this_thread(),
+        _capture.API_CAPTURE_BEGIN,
         "relaxed",
         stack_of(outer_begins),
+        None,
     )
-    guard().active[mine[0]] = mine
+    tracker().active[mine[0]] = mine
     user_synchronizes()
     (event,) = events
     where_user = (
@@ -678,7 +688,7 @@ def test_a_report_that_cannot_be_built_still_refuses(
     FLAG.set(False, None)
     for _ in range(2):
         with pytest.raises(cgguard.CaptureDisabledError) as raised:
-            guard().check_begin(_guard.API_GRAPH, 1, "global", stack_of(plugin_captures))
+            check(_capture.API_GRAPH, 1, "global", stack_of(plugin_captures))
     message = (
         "capture_disabled: torch.cuda.graph refused (cgguard could not build the report: "
         "LookupError('report bug'))"
@@ -705,7 +715,7 @@ def test_a_report_that_cannot_be_built_lets_a_logged_violation_through(
     monkeypatch.setattr(_events, "violation", broken)
     cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
     FLAG.set(False, None)
-    assert guard().check_begin(_guard.API_GRAPH, 9, "global", ())[0] == 9
+    assert check(_capture.API_GRAPH, 9, "global", ())[0] == 9
 
 
 @pytest.mark.parametrize(("raw", "kept"), [("²", "²"), ("0x3", "0x3"), ("7", 7)])
@@ -717,7 +727,7 @@ def test_a_rank_that_is_not_a_plain_number_is_kept_as_text(
     cgguard.install(cgguard.Config(log_file=os.devnull))
     FLAG.set(False, None)
     with pytest.raises(cgguard.CaptureDisabledError):
-        guard().check_begin(_guard.API_GRAPH, 1, "global", stack_of(plugin_captures))
+        check(_capture.API_GRAPH, 1, "global", stack_of(plugin_captures))
     assert [event["rank"] for event in events] == [kept]
 
 
@@ -733,25 +743,28 @@ def test_a_followed_flag_that_cannot_be_read_allows_with_one_warning(
             raise OSError("flag unreadable")
 
     cgguard.install(cgguard.Config(log_file=os.devnull))
-    guard().follows.append(_guard.FlagSource(Broken("cgg_broken"), "capture_ok"))
+    tracker().follows.append(_state.FlagSource(Broken("cgg_broken"), "capture_ok"))
     assert cgguard.is_capture_enabled() is True
     mine = record(threading.get_ident())
-    guard().active[mine[0]] = mine
+    tracker().active[mine[0]] = mine
     with pytest.raises(cgguard.NestedCaptureError):
-        guard().check_begin(_guard.API_GRAPH, 2, "global", stack_of(plugin_captures))
+        check(_capture.API_GRAPH, 2, "global", stack_of(plugin_captures))
     assert capsys.readouterr().err == (
         "cgguard: cannot read cgg_broken.capture_ok, not followed: OSError('flag unreadable')\n"
     )
 
 
-def test_a_guard_built_alone_shares_nothing_with_the_process() -> None:
-    """A Guard with its own flag and listeners decides and reports without any installation."""
+def test_a_capture_path_built_alone_shares_nothing_with_the_process() -> None:
+    """A tracker with its own flag and a reporter with its own listeners decide and report
+    without any installation."""
     seen: list[object] = []
-    flag = _guard.CaptureFlag()
-    alone = Guard(cgguard.Config(mode="log"), flag=flag, listeners=[seen.append])
+    flag = _state.CaptureFlag()
+    run = Run()
+    reporter = Reporter(cgguard.Config(mode="log"), run, listeners=[seen.append])
+    alone = Tracker(NO_TORCH, reporter, flag=flag, follows=[])
     flag.set(False, stack_of(runner_disables))
-    record = alone.check_begin(_guard.API_GRAPH, 1, "global", stack_of(plugin_captures))
-    assert (record[0], [e["rule"] for e in seen], alone.ledger.totals()) == (  # type: ignore[index]
+    record = alone.check(_capture.API_GRAPH, 1, "global", stack_of(plugin_captures), None)[0]
+    assert (record[0], [e["rule"] for e in seen], run.ledger.totals()) == (  # type: ignore[index]
         1,
         ["capture_disabled"],
         {"capture_disabled": 1},
@@ -772,12 +785,12 @@ def test_a_synchronize_hook_with_no_caller_frame_warns_and_goes_on(
 
     cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
     mine = record(threading.get_ident())
-    guard().active[mine[0]] = mine
+    tracker().active[mine[0]] = mine
     # Whichever thread synchronizes is taken as capturing: the raw thread's id is not known
     # before it runs.
-    monkeypatch.setattr(_guard, "find_sync_violation", lambda thread, active, **_: mine)
+    monkeypatch.setattr(_capture, "find_sync_violation", lambda thread, active, **_: mine)
     done = threading.Event()
-    sync = guard().make_device_sync(done.set)
+    sync = tracker().make_device_sync(done.set)
     _thread.start_new_thread(sync, ())  # sync is the thread's first and only Python frame
     assert done.wait(timeout=20)
     assert capsys.readouterr().err == (
@@ -800,15 +813,15 @@ def test_each_kind_of_internal_error_gets_its_own_warning(
 
     cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
     mine = record(threading.get_ident())
-    guard().active[mine[0]] = mine
-    monkeypatch.setattr(_guard, "find_violations", broken("check"))
-    monkeypatch.setattr(_guard, "find_sync_violation", broken("sync"))
+    tracker().active[mine[0]] = mine
+    monkeypatch.setattr(_capture, "find_violations", broken("check"))
+    monkeypatch.setattr(_capture, "find_sync_violation", broken("sync"))
     monkeypatch.setattr(_events, "violation", broken("report"))
-    guard().check_begin(_guard.API_GRAPH, 2, "global", ())
+    check(_capture.API_GRAPH, 2, "global", ())
     user_synchronizes()
     monkeypatch.undo()
     monkeypatch.setattr(_events, "violation", broken("report"))
-    guard().check_begin(_guard.API_GRAPH, 3, "global", stack_of(plugin_captures))
+    check(_capture.API_GRAPH, 3, "global", stack_of(plugin_captures))
     assert capsys.readouterr().err.splitlines() == [
         "cgguard: internal error while checking a capture, not checked: LookupError('check')",
         "cgguard: internal error while checking a synchronize, not checked: LookupError('sync')",
@@ -820,14 +833,14 @@ def test_a_relaxed_capture_outlives_its_thread(events: list[dict[str, object]]) 
     """A relaxed capture whose thread ended is not abandoned: CUDA lets another thread end it.
     A thread-local one is, once."""
     refs: list[Any] = []
-    ended = threading.Thread(target=lambda: refs.append(_guard.this_thread()))
+    ended = threading.Thread(target=lambda: refs.append(this_thread()))
     ended.start()
     ended.join()
     assert refs[0]() is None  # the thread's mark went with it
     cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
     stack = stack_of(outer_begins)
-    guard().active[1] = (1, refs[0], _guard.API_CAPTURE_BEGIN, "relaxed", stack)
-    guard().active[2] = (2, refs[0], _guard.API_CAPTURE_BEGIN, "thread_local", stack)
+    tracker().active[1] = (1, refs[0], _capture.API_CAPTURE_BEGIN, "relaxed", stack, None)
+    tracker().active[2] = (2, refs[0], _capture.API_CAPTURE_BEGIN, "thread_local", stack, None)
     for _ in range(2):
-        guard().drop_abandoned()
-    assert (sorted(guard().active), [e["rule"] for e in events]) == ([1], ["abandoned_capture"])
+        tracker().drop_abandoned()
+    assert (sorted(tracker().active), [e["rule"] for e in events]) == ([1], ["abandoned_capture"])

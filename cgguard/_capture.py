@@ -1,0 +1,547 @@
+"""The capture path: what runs when a capture begins, when it ends, and when a synchronize runs.
+
+A ``Tracker`` keeps the captures it has seen begin and not end, and carries the hooks that
+cgguard._patches puts on torch's entry points. It asks torch only through the probes it is
+built with, and hands every broken rule to the installation's reporter (cgguard._violations),
+read once per violation, so a reconfiguration is seen whole. Each hook does the least work
+that keeps the record of active captures true; the rules themselves are cgguard._checks's.
+
+Interrupts: Python may raise between any two bytecodes (a KeyboardInterrupt, a timeout's
+SIGALRM), so the bookkeeping cannot be made atomic with torch's C calls. Instead no interrupt
+may lead to a wrong later verdict: a capture is recorded before torch begins it and forgotten
+again only if torch did not; a record whose capture ended without cgguard seeing it (an
+interrupt right after torch's capture_end, or a subclass's capture_end that skips super()) is
+found out by asking whether its stream still captures, on the slow path only: when the thread
+that holds it begins another capture or synchronizes.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import weakref
+from threading import get_ident
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from cgguard._checks import (
+    API,
+    BEGAN_AT,
+    KEY,
+    MODE,
+    STREAM,
+    THREAD,
+    find_sync_violation,
+    find_violations,
+    why_sync,
+)
+from cgguard._errors import CaptureViolation
+from cgguard._flags import disabled_by
+from cgguard._frames import snapshot, with_stack
+from cgguard._threads import this_thread
+from cgguard._violations import QUERIES
+from cgguard._warn import warn_once
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from cgguard._checks import Found, Record
+    from cgguard._flags import CaptureFlag, FlagSource
+    from cgguard._frames import LiveStack, Snapshot
+    from cgguard._violations import Reporter
+
+
+def _hidden_by_pytest(excinfo: Any) -> bool:
+    """Whether pytest leaves this module's frames out of a traceback: a violation's.
+
+    They lie between the user's call and the raise, so the traceback ends at the user's line
+    that broke the rule. Any other error keeps them, so that cgguard's own stays traceable.
+    """
+    return excinfo is not None and isinstance(excinfo.value, CaptureViolation)
+
+
+# pytest reads __tracebackhide__ from a frame's locals, then from its module's globals: set once
+# here, it costs the capture path nothing, where a local in each hook would cost every capture.
+__tracebackhide__ = _hidden_by_pytest
+
+API_GRAPH = "torch.cuda.graph"
+API_CAPTURE_BEGIN = "CUDAGraph.capture_begin"
+API_SYNCHRONIZE = "torch.cuda.synchronize"
+API_STREAM_SYNCHRONIZE = "Stream.synchronize"
+API_EVENT_SYNCHRONIZE = "Event.synchronize"
+API_STREAM_QUERY = "Stream.query"
+API_EVENT_QUERY = "Event.query"
+API_EVENT_ELAPSED_TIME = "Event.elapsed_time"
+API_ACCELERATOR_GRAPH = "torch.accelerator.Graph"
+API_ACCELERATOR_CAPTURE_BEGIN = "Graph.capture_begin"
+API_ACCELERATOR_SYNCHRONIZE = "torch.accelerator.synchronize"
+_EVENT_CALLS = (API_EVENT_SYNCHRONIZE, API_EVENT_QUERY, API_EVENT_ELAPSED_TIME)
+_STREAM_CALLS = (API_STREAM_SYNCHRONIZE, API_STREAM_QUERY)
+
+# torch's CUDAGraph::capture_end refuses before cudaStreamEndCapture when called on another
+# stream than the capture's (aten/src/ATen/cuda/CUDAGraph.cpp: TORCH_CHECK(stream ==
+# capture_stream_, ...)); the capture then goes on. Every later failure comes after CUDA has
+# ended the capture, successfully or not.
+_STILL_CAPTURING = "Capture must end on the same stream it began on"
+
+
+class Probes(NamedTuple):
+    """What the capture path asks torch, as cgguard._patches answers it."""
+
+    is_capturing: Callable[[], bool]  # whether the current stream captures
+    current_stream: Callable[[], Any]
+    is_current_stream: Callable[[Any], bool]
+    stream_captures: Callable[[Any], bool]  # whether a given stream captures
+
+
+def _no(*_: object) -> bool:
+    return False
+
+
+def _none() -> None:
+    return None
+
+
+# Without torch: nothing captures, and no stream is known (so no record is ever found stale).
+NO_TORCH = Probes(_no, _none, _no, _no)
+
+
+class Tracker:
+    """The captures under way in one installation, and the hooks that keep them."""
+
+    def __init__(
+        self,
+        probes: Probes,
+        reporter: Reporter,
+        *,
+        flag: CaptureFlag,
+        follows: list[FlagSource],
+    ) -> None:
+        self.probes = probes
+        # Replaced whole by install(), read once per violation.
+        self.reporter = reporter
+        # The process's (cgguard._state): capture is disabled whether or not cgguard is
+        # installed.
+        self.flag = flag
+        self.follows = follows
+        # Set by uninstall(): hooks a caller still holds a reference to let everything through.
+        self.retired = False
+        # Captures begun and not yet ended, by id() of the graph that holds them. Mutated in
+        # place only: the capture_end function binds this very dict.
+        self.active: dict[int, Record] = {}
+        # Captures torch.cuda.graph.__enter__ is preparing, by (thread id, id() of the graph):
+        # the record for the capture_begin it makes, and the captures active when it checked.
+        self.entering: dict[tuple[int, int], tuple[Record, tuple[int, ...]]] = {}
+        # Events last recorded into a capture, with that capture's record: CUDA fails their
+        # synchronize and query in every mode while it is active (cudaErrorCapturedEvent).
+        # Weak, so an entry goes with its event. An entry counts only while its record is the
+        # active one, and goes when its capture ends, found through ``events_of``: the record
+        # may hold the capturing frame, with its tensors, and the dictionary is never iterated,
+        # which fails while another thread adds to it.
+        self.captured_events: weakref.WeakKeyDictionary[Any, Record] = weakref.WeakKeyDictionary()
+        # The events recorded into each capture under way, by id() of its graph.
+        self.events_of: dict[int, list[weakref.ref[Any]]] = {}
+
+    def after_fork(self) -> None:
+        """A forked child's fresh start: the parent's captures belong to threads it lacks."""
+        self.active.clear()
+        self.entering.clear()
+        # Replaced, not cleared: the fork may have caught another thread inside them.
+        self.captured_events = weakref.WeakKeyDictionary()
+        self.events_of = {}
+
+    # The hooks.
+
+    def graph_enter(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        """torch.cuda.graph.__enter__ (a wrapt wrapper)."""
+        mode = instance.capture_error_mode
+        graph = id(instance.cuda_graph)
+        # torch.cuda.graph captures on its own stream, set when it was made.
+        stream = getattr(instance, "capture_stream", None)
+        return self._enter(API_GRAPH, graph, mode, stream, wrapped, args, kwargs)
+
+    def accelerator_enter(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        """torch.accelerator.Graph.__enter__ (a wrapt wrapper): the graph is the instance."""
+        mode = _accelerator_mode(instance)
+        # It captures on the current stream.
+        stream = self._current_stream()
+        return self._enter(API_ACCELERATOR_GRAPH, id(instance), mode, stream, wrapped, args, kwargs)
+
+    def _enter(  # noqa: PLR0917 (the capture path: positional arguments cost least)
+        self, api: str, graph: int, mode: str, stream: Any, wrapped: Any, args: Any, kwargs: Any
+    ) -> Any:
+        # Checked before torch's __enter__ runs: it synchronizes, empties the cache and switches
+        # the current stream before capture_begin, and a refusal raised after that would leave
+        # the thread on the capture stream for good, since __exit__ never runs.
+        key = (get_ident(), graph)
+        stack = with_stack(sys._getframe(2))  # the caller of __enter__
+        checked = self.check(api, graph, mode, stack, stream)
+        try:
+            # For the capture_begin that __enter__ makes: passed aside, not through the active
+            # captures, since torch's own synchronize before capture_begin is no synchronize
+            # during a capture; with it, the captures this one was checked against.
+            self.entering[key] = checked
+            return wrapped(*args, **kwargs)
+        finally:
+            self.entering.pop(key, None)
+
+    def capture_begin(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        """CUDAGraph.capture_begin (a wrapt wrapper)."""
+        mode = _error_mode(args, kwargs)
+        return self._begin(API_CAPTURE_BEGIN, mode, wrapped, instance, args, kwargs)
+
+    def accelerator_begin(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        """torch.accelerator.Graph.capture_begin (a wrapt wrapper): its mode is the graph's."""
+        mode = _accelerator_mode(instance)
+        return self._begin(API_ACCELERATOR_CAPTURE_BEGIN, mode, wrapped, instance, args, kwargs)
+
+    def _begin(  # noqa: PLR0917 (the capture path: positional arguments cost least)
+        self, api: str, mode: str, wrapped: Any, instance: Any, args: Any, kwargs: Any
+    ) -> Any:
+        graph = id(instance)
+        entry = self.entering.pop((get_ident(), graph), None)
+        if entry is None:
+            # Walked now: a raw capture_begin is often made by a helper that returns at once,
+            # and its callers move on while the capture stays active. It captures on the
+            # current stream.
+            record = self.check(api, graph, mode, snapshot(2), self._current_stream())[0]
+        else:
+            # The capture_begin of a torch.cuda.graph, checked when __enter__ began; a capture
+            # another thread began while torch prepared this one was not.
+            record, seen = entry
+            if self.active:
+                self._recheck_concurrent(record, seen)
+        active = self.active
+        try:
+            # Recorded first: an interrupt right after torch began the capture must not leave
+            # it unknown, and a later nested capture unrefused.
+            active[graph] = record
+            return wrapped(*args, **kwargs)
+        except BaseException:
+            if active.get(graph) is record and not self._began(record):
+                active.pop(graph, None)
+            raise
+
+    def make_capture_end(self, original: Any) -> Any:
+        """CUDAGraph.capture_end, forgetting the capture once CUDA has ended it.
+
+        A plain function, not a wrapt wrapper: it runs on every capture and does one dict pop,
+        and wrapt's binding and call protocol would cost several times that (about 1 us of the
+        capture path, benchmarks/capture_overhead.py). Put on the class, a function binds as
+        the method it replaces, so it covers subclasses as a wrapt wrapper would.
+        """
+        active, tracker = self.active, self
+
+        @functools.wraps(original)
+        def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                result = original(self, *args, **kwargs)
+            except BaseException as exc:
+                if not tracker._still_capturing(exc):
+                    tracker._forget_events(id(self), active.pop(id(self), None))
+                raise
+            # An interrupt here leaves a record whose capture has ended: found stale later.
+            ended = active.pop(id(self), None)
+            if tracker.events_of:  # no event was recorded into any capture: nothing to forget
+                tracker._forget_events(id(self), ended)
+            return result
+
+        return capture_end
+
+    def make_event_record(self, original: Any) -> Any:
+        """Event.record, noting an event recorded into a capture of the recording thread.
+
+        A plain function, as for capture_end: Event.record runs often outside any capture, and
+        then costs one truth test here.
+        """
+        active = self.active
+
+        @functools.wraps(original)
+        def record(event: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(event, *args, **kwargs)
+            if active:  # nothing capturing, nothing to note
+                self.note_record(event, args, kwargs)
+            return result
+
+        return record
+
+    def checks_sync(self, api: str) -> Callable[[Any, Any, Any, Any], Any]:
+        """A wrapt wrapper for a synchronize or query method: checked while anything captures."""
+
+        def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+            if self.active:  # nothing capturing, nothing to check
+                self.check_sync(api, instance, args, kwargs)
+            return wrapped(*args, **kwargs)
+
+        return wrapper
+
+    def make_device_sync(self, original: Any, api: str = API_SYNCHRONIZE) -> Any:
+        """torch._C._cuda_synchronize (or another device-wide synchronize), checked.
+
+        A plain function, not a wrapt wrapper: torch.cuda.graph.__enter__ calls this on every
+        capture, a C function has no binding or signature for wrapt to preserve, and wrapt's
+        call protocol costs more here than the rest of the capture path together.
+        """
+        active = self.active
+
+        @functools.wraps(original)
+        def synchronize(*args: Any, **kwargs: Any) -> Any:
+            if active:  # nothing capturing, nothing to check
+                self.check_sync(api)
+            return original(*args, **kwargs)
+
+        return synchronize
+
+    # The slow path: something is capturing, capture is disabled, or a flag is followed.
+
+    def check(
+        self, api: str, key: int, mode: str, stack: Snapshot | LiveStack, stream: Any
+    ) -> tuple[Record, tuple[int, ...]]:
+        """Check a capture attempt; report, and raise if an action says raise. Returns its
+        record, for the caller to make active once the capture has begun, and the keys of the
+        active captures it was checked against."""
+        record = (key, this_thread(), api, mode, stack, stream)
+        # The common case costs three reads: nothing capturing, capture enabled, no followed flag.
+        if not self.active and self.flag.enabled and not self.follows:
+            return record, ()
+        if self.retired:
+            return record, ()
+        self.sweep()
+        try:
+            # Keys first: a capture begun between the two reads is checked now and, not being
+            # among the keys, once more at capture_begin; none is missed.
+            seen = tuple(self.active)
+            disabled = disabled_by(self.flag, self.follows)
+            found = find_violations(disabled, record[THREAD], mode, list(self.active.values()))
+        except Exception as exc:
+            warn_once(
+                "guard:begin", f"internal error while checking a capture, not checked: {exc!r}"
+            )
+            return record, ()
+        if found:
+            error = self._violated(found, api, stack, refuse=True)
+            if error is not None:
+                raise error
+        return record, seen
+
+    def _recheck_concurrent(self, begun: Record, seen: tuple[int, ...]) -> None:
+        """Report a capture another thread began while torch.cuda.graph prepared ``begun``.
+
+        torch has switched the thread's stream by then, so this reports and never refuses.
+        """
+        if self.retired:
+            return
+        self.sweep()
+        try:
+            since = [r for k, r in list(self.active.items()) if k not in seen]
+            found = [
+                (rule, cause)
+                for rule, cause in find_violations(None, begun[THREAD], begun[MODE], since)
+                if rule == "concurrent_capture"
+            ]
+        except Exception as exc:
+            warn_once(
+                "guard:recheck", f"internal error while checking a capture, not checked: {exc!r}"
+            )
+            return
+        if found:
+            self._violated(found, begun[API], begun[BEGAN_AT], refuse=False)
+
+    def check_sync(
+        self,
+        api: str,
+        instance: Any = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        """Check a synchronize or query made by the caller's caller (a method of ``instance``,
+        a stream or an event, called with ``args``); report, maybe raise, before CUDA."""
+        if self.retired:
+            return
+        self.sweep()
+        ident, thread = get_ident(), this_thread()
+        try:
+            captured_in = None
+            capturing_stream = False
+            if api in _EVENT_CALLS:
+                events = [instance]
+                if api == API_EVENT_ELAPSED_TIME:
+                    events.append(args[0] if args else (kwargs or {}).get("end_event"))
+                if not all(getattr(event, "cuda_event", 1) for event in events):
+                    # torch creates an event at its first record(); before that, its synchronize
+                    # and query make no CUDA call (CUDAEvent::synchronize, ::query), and
+                    # elapsed_time refuses in torch before CUDA.
+                    return
+                captured_in = self._captured_into(events)
+            elif api in _STREAM_CALLS:
+                capturing_stream = self.probes.stream_captures(instance)
+            cause = find_sync_violation(
+                thread,
+                list(self.active.values()),
+                query=api in QUERIES,
+                on_capturing_stream=capturing_stream,
+                captured_in=captured_in,
+            )
+            if cause is None:
+                return
+            why = why_sync(cause, thread, captured_in, capturing_stream)
+            if any(entering_thread == ident for entering_thread, _ in list(self.entering)):
+                # torch.cuda.graph.__enter__'s own synchronize: part of the capture attempt,
+                # reported already under the rule it breaks, unless that rule is off.
+                covered = "nested_capture" if cause[THREAD] == thread else "concurrent_capture"
+                if self.reporter.config.action(covered) != "off":
+                    return
+            stack = snapshot(2)  # from the caller of the hook that called this
+        except Exception as exc:
+            warn_once(
+                "guard:sync", f"internal error while checking a synchronize, not checked: {exc!r}"
+            )
+            return
+        found: Found = [("sync_during_capture", cause)]
+        error = self._violated(found, api, stack, refuse=True, why=why)
+        if error is not None:
+            raise error
+
+    def _violated(
+        self, found: Found, api: str, stack: Snapshot | LiveStack, *, refuse: bool, why: str = ""
+    ) -> CaptureViolation | None:
+        # Read once: a reconfiguration swaps the reporter whole.
+        reporter = self.reporter
+        return reporter.violated(found, api, stack, refuse=refuse, why=why)
+
+    def note_record(self, event: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Remember whether ``event`` was just recorded into one of this thread's captures.
+
+        Known only for the current stream (torch's default for record()): whether another
+        stream captures is not known without asking CUDA, so such a record is forgotten.
+        """
+        try:
+            stream = args[0] if args else kwargs.get("stream")
+            thread = this_thread()
+            into = None
+            if (stream is None or self.probes.is_current_stream(stream)) and (
+                self.probes.is_capturing()
+            ):
+                into = next(
+                    (r for r in reversed(list(self.active.values())) if r[THREAD] is thread),
+                    None,
+                )
+            if into is None:
+                self.captured_events.pop(event, None)
+            else:
+                self.captured_events[event] = into
+                self.events_of.setdefault(into[KEY], []).append(weakref.ref(event))
+        except Exception as exc:
+            warn_once("guard:record", f"internal error while noting an event's record: {exc!r}")
+
+    def _forget_events(self, key: int, ended: Record | None) -> None:
+        """Drop the entries of the events recorded into a capture that has ended."""
+        refs = self.events_of.pop(key, None)
+        if not refs or ended is None:
+            return
+        try:
+            for ref in refs:
+                event = ref()
+                # Unless recorded since into another capture.
+                if event is not None and self.captured_events.get(event) is ended:
+                    self.captured_events.pop(event, None)
+        except Exception as exc:
+            warn_once("guard:events", f"internal error while forgetting events: {exc!r}")
+
+    def _captured_into(self, events: list[Any]) -> Record | None:
+        """The active capture the first of ``events`` was last recorded into, if any."""
+        if not self.captured_events:
+            return None
+        for event in events:
+            record = self.captured_events.get(event)
+            # An entry outlives its capture: it counts only while its record is the active one.
+            if record is not None and self.active.get(record[KEY]) is record:
+                return record
+        return None
+
+    def sweep(self) -> None:
+        """Forget the captures of threads that have ended (each reported once), and the calling
+        thread's captures that have ended without cgguard seeing their capture_end."""
+        self.drop_abandoned()
+        self._drop_stale()
+
+    def drop_abandoned(self) -> None:
+        """Forget, and report once, the captures of threads that have ended."""
+        try:
+            # Relaxed captures are left alone: CUDA lets another thread end them.
+            dead = [
+                (k, r)
+                for k, r in list(self.active.items())
+                if r[THREAD]() is None and r[MODE] != "relaxed"
+            ]
+        except Exception as exc:
+            warn_once("guard:threads", f"internal error while checking threads: {exc!r}")
+            return
+        for key, record in dead:
+            # Popped first: of two threads that find it, one reports it.
+            if self.active.get(key) is record and self.active.pop(key, None) is record:
+                self._forget_events(key, record)
+                self._violated(
+                    [("abandoned_capture", record)], record[API], record[BEGAN_AT], refuse=False
+                )
+
+    def _drop_stale(self) -> None:
+        """Forget this thread's captures whose stream no longer captures.
+
+        Such a record is cgguard's own mistake, not the program's: its capture ended where
+        cgguard could not see it. Only this thread's are asked about, since its own are the
+        ones that would make its next capture look nested.
+        """
+        thread = this_thread()
+        try:
+            mine = [(k, r) for k, r in list(self.active.items()) if r[THREAD] is thread]
+            stale = [(k, r) for k, r in mine if not self._began(r, unknown=True)]
+        except Exception as exc:
+            warn_once("guard:stale", f"internal error while checking captures: {exc!r}")
+            return
+        for key, record in stale:
+            if self.active.get(key) is record and self.active.pop(key, None) is record:
+                self._forget_events(key, record)
+
+    def _began(self, record: Record, *, unknown: bool = False) -> bool:
+        """Whether ``record``'s stream captures (``unknown`` where that cannot be told)."""
+        stream = record[STREAM]
+        try:
+            if stream is None:
+                return unknown
+            return self.probes.stream_captures(stream)
+        except Exception:
+            return unknown
+
+    def _current_stream(self) -> Any:
+        try:
+            return self.probes.current_stream()
+        except Exception:
+            return None
+
+    def _still_capturing(self, exc: BaseException) -> bool:
+        """Whether the capture a failed capture_end was ending goes on."""
+        if _STILL_CAPTURING in str(exc):
+            return True  # refused on another stream: the capture's own stream still captures
+        try:
+            # On the capture's stream: anything that failed before CUDA ended the capture (a
+            # bad argument, an interrupt) leaves that stream capturing.
+            return self.probes.is_capturing()
+        except Exception:
+            return False
+
+
+def _accelerator_mode(graph: Any) -> str:
+    """The capture_error_mode a torch.accelerator.Graph captures in.
+
+    Its "default" is the backend's default; on CUDA that is cudaStreamCaptureModeGlobal, what
+    torch.cuda.CUDAGraph.capture_begin defaults to (docs/cuda-behaviour.md).
+    """
+    mode = str(getattr(graph, "capture_error_mode", "default"))
+    return "global" if mode == "default" else mode
+
+
+def _error_mode(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    # capture_begin(pool=None, capture_error_mode="global", ...) in every supported release.
+    if "capture_error_mode" in kwargs:
+        return str(kwargs["capture_error_mode"])
+    return str(args[1]) if len(args) > 1 else "global"

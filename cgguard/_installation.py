@@ -1,0 +1,69 @@
+"""One installation: how it answers violations, what it put on torch, and its capture path."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cgguard._exempt_match import Exemptions
+from cgguard._ledger import Run
+from cgguard._patchset import PatchSet
+from cgguard._report_file import ReportFile
+from cgguard._violations import Reporter
+
+if TYPE_CHECKING:
+    from cgguard._capture import Tracker
+
+
+class Installation:
+    """One install(): how violations are answered, what torch carries, and the capture path.
+
+    The reporter is built whole from a configuration and swapped in whole (``use``); the run it
+    counts into is kept across every swap. The tracker exists once torch is patched.
+    """
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter = reporter
+        self.tracker: Tracker | None = None
+        # What cgguard._patches put on torch: its entry points, and torch._C._cuda_synchronize,
+        # which comes and goes with the simulated runtime on CPU builds.
+        self.patches = PatchSet()
+        # The simulation may remove its synchronize first: then there is nothing to put back.
+        # Also the hooks on its stand-ins where they do not extend torch's classes (CUDA builds).
+        self.device_sync = PatchSet(keep_newer=True)
+
+    @property
+    def run(self) -> Run:
+        """What this installation has seen, whatever its configuration since."""
+        return self.reporter.run
+
+    def use(self, reporter: Reporter) -> None:
+        """Answer violations with ``reporter`` from now on; the old one closes its log and
+        report once no violation is in flight through it."""
+        old = self.reporter
+        self.reporter = reporter
+        if self.tracker is not None:
+            self.tracker.reporter = reporter
+        old.retire(reporter)
+
+    def after_fork(self) -> None:
+        """A forked child's fresh start: a run of its own, no captures, no lock held.
+
+        {pid} reports summed across a job must not count the parent's violations twice, the
+        parent's captures belong to threads the child lacks, and a lock another thread held at
+        the fork would never be released here.
+        """
+        old = self.reporter
+        run = Run()
+        report = ReportFile(old.config, run, write_now=False) if old.report is not None else None
+        exemptions = Exemptions(old.exemptions.pairs) if old.exemptions is not None else None
+        self.reporter = Reporter(
+            old.config,
+            run,
+            log=old.log,
+            report=report,
+            exemptions=exemptions,
+            listeners=old.listeners,
+        )
+        if self.tracker is not None:
+            self.tracker.after_fork()
+            self.tracker.reporter = self.reporter
