@@ -672,6 +672,25 @@ def test_simulated_session_runs_graph_code_on_cpu(pytester: pytest.Pytester) -> 
     result.stdout.fnmatch_lines(["FAILED test_on_cpu.py::test_swallowed - cgguard: *"])
 
 
+def test_simulated_session_runs_torch_compile_on_cpu(pytester: pytest.Pytester) -> None:
+    """--cgguard-simulate-cuda: a torch.compile'd function on CPU tensors compiles and passes."""
+    pytester.makepyfile(
+        test_compiled="""
+        import math
+
+        import torch
+
+
+        def test_compiled():
+            compiled = torch.compile(lambda t: (t * 3).sin())
+            expected = torch.tensor([math.sin(3.0 * x) for x in range(4)])
+            torch.testing.assert_close(compiled(torch.arange(4.0)), expected)
+        """
+    )
+    result = run(pytester, "--cgguard", "--cgguard-simulate-cuda")
+    result.assert_outcomes(passed=1)
+
+
 def test_simulate_ini_option_without_the_guard(pytester: pytest.Pytester) -> None:
     """``cgguard_simulate_cuda = true`` alone simulates CUDA and guards nothing."""
     pytester.makeini("[pytest]\ncgguard_simulate_cuda = true\n")

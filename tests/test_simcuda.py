@@ -171,6 +171,29 @@ def test_default_capture_stream_restored(monkeypatch: pytest.MonkeyPatch) -> Non
     assert torch.cuda.graphs.graph.default_capture_stream is cached
 
 
+def failure(call: Callable[[], object]) -> tuple[type[BaseException], str]:
+    """The type and message of what ``call`` raises, which must be what torch raises where CUDA
+    cannot initialise: an AssertionError on a CPU-only build, a RuntimeError without a driver."""
+    with pytest.raises((AssertionError, RuntimeError)) as info:
+        call()
+    return type(info.value), str(info.value)
+
+
+def test_cuda_calls_the_simulation_does_not_provide_fail_as_without_it() -> None:
+    """torch.cuda's device queries fail inside the simulation as torch fails them outside it,
+    which is what torch's own probes (inductor's cache key) catch; synchronize still runs."""
+    calls: list[Callable[[], object]] = [
+        torch.cuda.init,
+        torch.cuda.current_device,
+        lambda: torch.cuda.get_device_properties(0),
+    ]
+    without = [failure(call) for call in calls]
+    with simulated_cuda() as sim:
+        within = [failure(call) for call in calls]
+        torch.cuda.synchronize()
+    assert (within, sim.calls) == (without, [Call("synchronize", (), "MainThread")])
+
+
 def test_graph_context_then_replay_records_calls(sim: SimulatedCuda) -> None:
     """torch.cuda.graph's real code drives the runtime in CUDA's order."""
     g = torch.cuda.CUDAGraph()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import sys
 import threading
 import warnings
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -736,12 +737,43 @@ def _cuda_synchronize() -> None:
     _active()._synchronize()
 
 
-def _lazy_init() -> None:
-    """The simulated runtime is always initialised."""
+def _lazy_init_for_synchronize(cuda: ModuleType) -> Callable[[], None]:
+    """torch.cuda._lazy_init, with CUDA initialised for torch.cuda.synchronize alone.
+
+    torch's synchronize (torch/cuda/__init__.py) calls _lazy_init() before the device
+    synchronize the simulation stands in for. torch.cuda's other callers of _lazy_init
+    (current_device, get_device_properties, init, the memory and random functions) go on to
+    torch._C functions the simulation does not provide. For them torch's own _lazy_init runs
+    and fails as it fails without the simulation: an AssertionError ("Torch not compiled with
+    CUDA enabled") on a CPU-only build, a RuntimeError where no driver works. That is what
+    torch's own probes of CUDA catch: inductor's CacheBase.get_system
+    (torch/_inductor/codecache.py) calls torch.cuda.current_device() for the cache key of every
+    compile, and takes the key of a machine without CUDA on either error.
+    """
+    torch_lazy_init = cuda._lazy_init
+    namespace = vars(cuda)
+
+    def _lazy_init() -> None:
+        # Told apart by name and module rather than by function object, so that a synchronize
+        # bound by name or wrapped before the simulation began is still torch's synchronize.
+        caller = sys._getframe(1)
+        if caller.f_code.co_name != "synchronize" or caller.f_globals is not namespace:
+            torch_lazy_init()
+
+    return _lazy_init
+
+
+# One simulated device: torch.cuda.device(...) switches nothing. Two functions, not one under
+# two names: dynamo keeps a handler per function object for each of torch.cuda's device switches
+# (torch/_dynamo/variables/torch.py, TorchInGraphFunctionVariable._get_handlers), and refuses to
+# build that table, failing every compile that meets a torch function, if two are one object.
 
 
 def _no_device_switch(device: object) -> int:
-    # One simulated device: torch.cuda.device(...) switches nothing.
+    return -1
+
+
+def _no_maybe_device_switch(device: object) -> int:
     return -1
 
 
@@ -777,11 +809,12 @@ def _install(torch: ModuleType) -> PatchSet:
         put(cuda, "set_stream", _set_stream)
         put(cuda, "stream", _stream)
         # torch's own synchronize() runs: it initialises CUDA, enters torch.cuda.device(None)
-        # and calls torch._C._cuda_synchronize, which CPU builds lack.
+        # and calls torch._C._cuda_synchronize, which CPU builds lack. Only synchronize finds
+        # CUDA initialised: anything else would take CUDA paths the simulation does not have.
         put(torch._C, "_cuda_synchronize", _cuda_synchronize)
-        put(cuda, "_lazy_init", _lazy_init)
+        put(cuda, "_lazy_init", _lazy_init_for_synchronize(cuda))
         put(cuda, "_exchange_device", _no_device_switch)
-        put(cuda, "_maybe_exchange_device", _no_device_switch)
+        put(cuda, "_maybe_exchange_device", _no_maybe_device_switch)
         put(torch._C, "_host_emptyCache", _host_empty_cache)
         # torch.cuda.graph caches its side stream on the class; a stream from another runtime
         # (or an ended session) must not be used for captures here.
@@ -819,8 +852,10 @@ def simulated_runtime(
 
     - on every build: ``torch.cuda.graph`` (``__init__``, ``__enter__``, ``__exit__``),
       ``torch.cuda.synchronize`` and ``torch.cuda.empty_cache``, over simulated
-      ``torch._C._cuda_synchronize``, ``torch._C._host_emptyCache``, ``torch.cuda._lazy_init``
-      and device switches;
+      ``torch._C._cuda_synchronize``, ``torch._C._host_emptyCache``, device switches and
+      ``torch.cuda._lazy_init``, which succeeds for ``synchronize`` alone: torch.cuda's other
+      functions (``current_device``, ``get_device_properties``, ...) fail as they fail without
+      the simulation, so torch's subsystems (inductor, dynamo) take their CPU paths;
     - on a CPU-only build, also the Python methods of ``CUDAGraph``, ``Stream`` and ``Event``:
       the stand-ins extend torch's classes, whose C bases are empty placeholders there;
     - on a CUDA build, not those methods: torch's classes extend C types that need a working
