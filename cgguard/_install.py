@@ -22,6 +22,9 @@ from cgguard._warn import warn_once
 if TYPE_CHECKING:
     from types import ModuleType
 
+    from cgguard._frames import FrameInfo
+    from cgguard._guard import Record
+
 PATCH_ON_IMPORT = "cgguard._install:patch_on_import"
 
 _lock = threading.RLock()
@@ -146,6 +149,50 @@ def status() -> Status:
             exempted=guard.exempt.tally.totals() if guard.exempt is not None else {},
             exemptions=tuple(_exempt_texts(guard.exempt)),
         )
+
+
+class LeftOpen(NamedTuple):
+    """A capture that forget_captures() let go of: begun, and never ended."""
+
+    api: str
+    mode: str
+    thread: str  # the thread that began it: its name and id
+    began_at: list[FrameInfo]  # the call that began it, outermost frame first
+
+
+# The captures open at one moment, for forget_captures(): the records themselves, since a graph
+# id may be reused by a capture begun later.
+CaptureMark = tuple["Record", ...]
+
+
+def open_captures() -> CaptureMark:
+    """The captures open now, for forget_captures() to leave alone."""
+    with _lock:
+        guard = _guard.current
+        return tuple(guard.active.values()) if guard is not None else ()
+
+
+def forget_captures(kept: CaptureMark = ()) -> list[LeftOpen]:
+    """Forget every open capture but ``kept``, and say what each was: a test runner's clean
+    start for the next test. CUDA is not told: a capture it holds stays open there."""
+    from cgguard._frames import render, resolve
+
+    with _lock:
+        guard = _guard.current
+        if guard is None:
+            return []
+        left = []
+        for key, record in list(guard.active.items()):
+            if any(record is k for k in kept):
+                continue
+            # Popped only while it is this record: its thread may end it meanwhile.
+            if guard.active.get(key) is record and guard.active.pop(key, None) is record:
+                guard._forget_events(key, record)
+                left.append(record)
+    return [
+        LeftOpen(api, mode, f"{thread.name!r} ({thread.ident})", render(resolve(stack)))
+        for _, thread, api, mode, stack in left
+    ]
 
 
 def _exempt_texts(exempt: _exemptions.Exemptions | None) -> list[str]:
