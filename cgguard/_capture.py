@@ -458,6 +458,18 @@ class Tracker:
                 return record
         return None
 
+    def forget(self, kept: tuple[Record, ...] = ()) -> list[Record]:
+        """Forget every capture under way but ``kept``; return the records forgotten."""
+        left = []
+        for key, record in list(self.active.items()):
+            if any(record is k for k in kept):
+                continue
+            # Popped only while it is this record: its thread may end it meanwhile.
+            if self.active.get(key) is record and self.active.pop(key, None) is record:
+                self._forget_events(key, record)
+                left.append(record)
+        return left
+
     def sweep(self) -> None:
         """Forget the captures of threads that have ended (each reported once), and the calling
         thread's captures that have ended without cgguard seeing their capture_end."""

@@ -12,7 +12,7 @@ import threading
 from typing import TYPE_CHECKING, NamedTuple
 
 from cgguard import _events, _follow, _settings, _startup, _state
-from cgguard._checks import API, MODE, THREAD
+from cgguard._checks import API, BEGAN_AT, MODE, THREAD
 from cgguard._config import Config
 from cgguard._errors import ConfigError
 from cgguard._exempt_match import Exemptions
@@ -26,6 +26,9 @@ from cgguard._warn import warn_once
 
 if TYPE_CHECKING:
     from types import ModuleType
+
+    from cgguard._checks import Record
+    from cgguard._frames import FrameInfo
 
 PATCH_ON_IMPORT = "cgguard._install:patch_on_import"
 
@@ -154,6 +157,46 @@ def status() -> Status:
             exempted=reporter.run.tally.totals(),
             exemptions=tuple(_exempt_texts(reporter.exemptions)),
         )
+
+
+class LeftOpen(NamedTuple):
+    """A capture that forget_captures() let go of: begun, and never ended."""
+
+    api: str
+    mode: str
+    thread: str  # the thread that began it: its name and id
+    began_at: list[FrameInfo]  # the call that began it, outermost frame first
+
+
+# The captures open at one moment, for forget_captures(): the records themselves, since a graph
+# id may be reused by a capture begun later.
+CaptureMark = tuple["Record", ...]
+
+
+def open_captures() -> CaptureMark:
+    """The captures open now, for forget_captures() to leave alone."""
+    with _lock:
+        tracker = _state.current.tracker if _state.current is not None else None
+        return tuple(tracker.active.values()) if tracker is not None else ()
+
+
+def forget_captures(kept: CaptureMark = ()) -> list[LeftOpen]:
+    """Forget every open capture but ``kept``, and say what each was: a test runner's clean
+    start for the next test. CUDA is not told: a capture it holds stays open there."""
+    from cgguard._frames import render, resolve
+
+    with _lock:
+        tracker = _state.current.tracker if _state.current is not None else None
+        left = tracker.forget(kept) if tracker is not None else []
+    return [
+        LeftOpen(
+            record[API],
+            record[MODE],
+            f"{record[THREAD].name!r} ({record[THREAD].ident})",
+            render(resolve(record[BEGAN_AT])),
+        )
+        for record in left
+    ]
 
 
 def _exempt_texts(exemptions: Exemptions | None) -> list[str]:

@@ -164,23 +164,33 @@ def _rule_setting(text: str) -> tuple[str, str]:
     return rule, action
 
 
-def _split_run(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+class Split(NamedTuple):
+    """``run``'s arguments: cgguard's options, and the program's command line."""
+
+    options: list[str]
+    command: list[str]
+    # After ``--`` the program's first word names a file or command, even one spelt like a
+    # flag of python's (``-x.py``, ``-mfoo.py``), as after python's own ``--``.
+    named: bool = False
+
+
+def _split_run(argv: Sequence[str]) -> Split:
     """Split ``run``'s arguments into cgguard's options and the program's command line.
 
-    The program starts at the first argument that is not one of cgguard's options, or at
-    ``-m``; everything after it belongs to the program, as with ``python``.
+    The program starts at the first argument that is not one of cgguard's options, at ``-m``,
+    or after ``--``; everything after it belongs to the program, as with ``python``.
     """
     i = 0
     while i < len(argv):
         arg = argv[i]
         if arg == "--":
-            return list(argv[:i]), list(argv[i + 1 :])
+            return Split(list(argv[:i]), list(argv[i + 1 :]), named=True)
         if arg == "-m" or (arg.startswith("-m") and not arg.startswith("--")):
-            return list(argv[:i]), list(argv[i:])
+            return Split(list(argv[:i]), list(argv[i:]))
         if not arg.startswith("-") or arg == "-":
-            return list(argv[:i]), list(argv[i:])
+            return Split(list(argv[:i]), list(argv[i:]))
         i += 2 if arg in _VALUED or arg == "--rule" else 1
-    return list(argv), []
+    return Split(list(argv), [])
 
 
 def interpreter_flags() -> list[str]:
@@ -190,7 +200,9 @@ def interpreter_flags() -> list[str]:
     # interpreter, its flags, and the script or ``-m cgguard`` that started this runner.
     head = orig[: len(orig) - (len(sys.argv) - 1)] if len(sys.argv) > 1 else orig
     flags = head[1:-1]
-    return flags[:-1] if flags and flags[-1] == "-m" else flags
+    # "-m" (of ``-m cgguard``) and "--" (of ``python -- launcher run``) end python's flags
+    # rather than being any: the program's own command line follows them.
+    return flags[:-1] if flags and flags[-1] in ("-m", "--") else flags
 
 
 class Refusal(NamedTuple):
@@ -200,16 +212,23 @@ class Refusal(NamedTuple):
     status: int = 2  # a shell's is 126 for a file it finds but cannot execute
 
 
-def _program(command: list[str]) -> tuple[str, list[str]] | Refusal:
-    """(executable, argv) for the program, or why it cannot start."""
+def _program(command: list[str], *, named: bool = False) -> tuple[str, list[str]] | Refusal:
+    """(executable, argv) for the program, or why it cannot start.
+
+    ``named``: the first word names a file or command, never ``-m``, as after ``--``.
+    """
     python = [sys.executable, *interpreter_flags()]
-    if command[0].startswith("-m"):
+    if command[0].startswith("-m") and not named:
         return _module(command, python)
     target, rest = command[0], command[1:]
     # "-" reads the program from stdin, as python does.
     how = "python" if target == "-" else _local(target)
     if how == "python":
-        return sys.executable, [*python, target, *rest]
+        # python reads a name that starts with "-" as its own flags ("-cprint(1)" as code):
+        # "--" after the flags makes it the file. Other names go without it, so that the
+        # program's sys.orig_argv is what ``python script.py`` gives.
+        dashes = ["--"] if target.startswith("-") and target != "-" else []
+        return sys.executable, [*python, *dashes, target, *rest]
     if how == "exec":
         return target, [target, *rest]
     if isinstance(how, Refusal):
@@ -331,7 +350,7 @@ def program_environ(options: argparse.Namespace, environ: Mapping[str, str]) -> 
 
 def run(argv: Sequence[str]) -> int:
     """``cgguard run``: exec the program with cgguard active; returns only on failure."""
-    option_args, command = _split_run(argv)
+    option_args, command, named = _split_run(argv)
     parser = run_parser()
     options = parser.parse_args(option_args)
     unmet = _unmet(options, os.environ)
@@ -339,7 +358,7 @@ def run(argv: Sequence[str]) -> int:
         parser.error(unmet)
     if not command:
         parser.error("no program to run")
-    program = _program(command)
+    program = _program(command, named=named)
     if isinstance(program, Refusal):
         sys.stderr.write(f"cgguard run: {program.message}\n")
         return program.status

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 from typing import TYPE_CHECKING
 
@@ -19,8 +20,11 @@ if TYPE_CHECKING:
 
     from pluggy import Result
 
+    from cgguard._config import Config
+    from cgguard._install import CaptureMark, LeftOpen
     from cgguard._schema import ViolationEvent
     from cgguard.testing import SimulatedCuda
+    from cgguard.testing._simcuda import ActiveCapture
 
 Event = dict[str, object]
 
@@ -30,6 +34,10 @@ _HINT = (
     "or take the cgguard_violations fixture and assert on them in the test."
 )
 _PHASES = {"setup": "setup", "call": "the test", "teardown": "teardown"}
+
+
+class InstallationChangedWarning(pytest.PytestWarning):
+    """A test uninstalled or reconfigured the session's cgguard; the plugin put it back."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -117,6 +125,14 @@ class _Test:
         self.reported = 0  # how many of them a phase's report has already looked at
         self.expected = expected
         self.handled = False  # the test took cgguard_violations and judges them itself
+        self.skipped = False  # a phase was skipped or xfailed: what it left open is not judged
+        # The captures open when it began, cgguard's and the simulated runtime's: not its own.
+        self.kept: CaptureMark = ()
+        self.simulation: SimulatedCuda | None = None
+        self.simulated: frozenset[int] = frozenset()
+        self.settled = False  # its captures and the installation checked once its teardown ran
+        self.left_open: str | None = None  # the captures it left open, described
+        self.changed: str | None = None  # how it changed the session's installation
 
 
 _TEST = pytest.StashKey[_Test]()
@@ -128,6 +144,9 @@ class _Guard:
     def __init__(self) -> None:
         self._current: _Test | None = None
         self._lock = threading.Lock()
+        # The session's configuration, restored after a test that changed it: the one in effect
+        # when the first test begins, or later, once an activation waiting for torch installs.
+        self._session: Config | None = None
 
     @contextlib.contextmanager
     def listening(self) -> Generator[None, None, None]:
@@ -153,6 +172,7 @@ class _Guard:
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, None, None]:
         test = _Test(_expected_rules(item))
+        self._begin(test)
         item.stash[_TEST] = test
         with self._lock:
             self._current = test
@@ -161,6 +181,67 @@ class _Guard:
         finally:
             with self._lock:
                 self._current = None
+
+    def _begin(self, test: _Test) -> None:
+        """Note what is already open and installed as a test begins: none of its doing."""
+        import cgguard
+        from cgguard import _install
+        from cgguard.testing import active_simulation
+
+        if self._session is None and cgguard.is_installed():
+            self._session = cgguard.status().config
+        test.kept = _install.open_captures()
+        test.simulation = active_simulation()
+        if test.simulation is not None:
+            test.simulated = frozenset(c.graph_id for c in test.simulation.active_captures())
+
+    # Last, after the fixtures' own teardown: what is still open now, the test left open.
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> None:
+        # A warning made an error by a filter is raised here: this frame says nothing to the user.
+        __tracebackhide__ = True
+        test = item.stash.get(_TEST, None)
+        if test is None:
+            return
+        self._settle(test)
+        if test.changed is not None:
+            # A warning, at the test's own line: a filter can ignore it, for one test or all,
+            # or make it an error of this test's teardown.
+            item.warn(InstallationChangedWarning(test.changed))
+
+    def _settle(self, test: _Test) -> None:
+        """Once a test's teardown ran: let go of the captures it left open, and put the
+        session's installation back if it changed. The next test then starts clean."""
+        if test.settled:
+            return
+        test.settled = True
+        _drop_abandoned()  # reported as such, not as left open
+        test.left_open = _forget_left_open(test)
+        test.changed = self._restore_installation()
+
+    def _restore_installation(self) -> str | None:
+        """Install the session's configuration again if the test changed it; say how it did."""
+        import cgguard
+
+        status = cgguard.status()
+        if self._session is None:
+            if status.installed:  # an activation waiting for torch, which this test imported
+                self._session = status.config
+            return None
+        if not status.installed:
+            cgguard.install(self._session)
+            return (
+                "cgguard: this test uninstalled cgguard; the plugin installed it again, with "
+                "the session's configuration, for the tests after it"
+            )
+        if status.config is None or status.config == self._session:
+            return None
+        changes = _changes(self._session, status.config)
+        cgguard.install(self._session)
+        return (
+            f"cgguard: this test changed cgguard's configuration ({changes}); the plugin put "
+            "the session's configuration back for the tests after it"
+        )
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -178,23 +259,32 @@ class _Guard:
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, Result[pytest.TestReport], None]:
-        # A capture left by a thread the test started and ended is this test's violation; found
-        # later, it would fail whichever test came next.
-        from cgguard import _state
-
-        installation = _state.current
-        if installation is not None and installation.tracker is not None:
-            installation.tracker.drop_abandoned()
-        report = (yield).get_result()
+        _drop_abandoned()
         test = item.stash.get(_TEST, None)
-        if test is None or test.handled:
+        # Where the teardown failed, pytest_runtest_teardown above never ran: settle here.
+        settled = test is None or test.settled
+        if test is not None and call.when == "teardown":
+            self._settle(test)
+        report = (yield).get_result()
+        if test is None:
+            return
+        if report.skipped:
+            test.skipped = True
+        problems: list[str] = []
+        if call.when == "teardown":
+            if test.left_open is not None and not test.skipped:
+                problems.append(test.left_open)
+            if test.changed is not None and not settled:
+                problems.append(test.changed)  # never warned of: its teardown failed first
+        if test.handled:
+            _judge(report, problems)
             return
         with self._lock:
             new = test.events[test.reported :]
             test.reported = len(test.events)
         if report.skipped:  # skipped or xfailed: the outcome says the test was not judged
             return
-        problems = _describe_unexpected(
+        problems += _describe_unexpected(
             [e for e in new if e.get("rule") not in test.expected], call.when
         )
         if call.when == "call":
@@ -206,14 +296,109 @@ class _Guard:
                     f"cgguard: expected {', '.join(missing)} {noun} did not occur "
                     "(@pytest.mark.cgguard_expect)"
                 )
-        if problems:
-            text = "\n\n".join(problems)
-            if report.passed:
-                report.outcome = "failed"
-                report.longrepr = text
-            else:
-                # Already failing for its own reason: keep that, and say what cgguard saw too.
-                report.sections.append(("cgguard", text))
+        _judge(report, problems)
+
+
+def _judge(report: pytest.TestReport, problems: list[str]) -> None:
+    """Fail a passing report with ``problems``; add them to a failing one as a section."""
+    if not problems:
+        return
+    text = "\n\n".join(problems)
+    if report.passed:
+        report.outcome = "failed"
+        report.longrepr = text
+    else:
+        # Already failing for its own reason: keep that, and say what cgguard saw too.
+        report.sections.append(("cgguard", text))
+
+
+def _drop_abandoned() -> None:
+    # A capture left by a thread the test started and ended is this test's violation; found
+    # later, it would fail whichever test came next.
+    from cgguard import _state
+
+    installation = _state.current
+    if installation is not None and installation.tracker is not None:
+        installation.tracker.drop_abandoned()
+
+
+def _forget_left_open(test: _Test) -> str | None:
+    """Let go of the captures begun during ``test`` and still open; describe them, or None.
+
+    cgguard forgets them, and the simulated runtime drops them, so that the next test does not
+    begin inside them. CUDA cannot be told: no call undoes a capture, and one begun on another
+    thread cannot be ended from this one.
+    """
+    from cgguard import _install
+    from cgguard.testing import active_simulation
+
+    left = _install.forget_captures(test.kept)
+    simulation = active_simulation()
+    dropped: list[ActiveCapture] = []
+    if simulation is not None:
+        before = test.simulated if simulation is test.simulation else frozenset()
+        begun = {c.graph_id for c in simulation.active_captures()} - before
+        dropped = simulation.discard_captures(begun) if begun else []
+    if not (left or dropped):
+        return None
+    return _describe_left_open(left, dropped, on_cuda=simulation is None and _cuda_is_usable())
+
+
+def _describe_left_open(left: list[LeftOpen], dropped: list[ActiveCapture], on_cuda: bool) -> str:
+    from cgguard._frames import format_frames
+
+    count = len(left) or len(dropped)
+    if count == 1:
+        blocks = ["cgguard: a capture begun during this test was still open after its teardown"]
+    else:
+        blocks = [
+            f"cgguard: {count} captures begun during this test were still open after its teardown"
+        ]
+    for capture in left:
+        frames = format_frames(capture.began_at)
+        began = ", begun at (most recent call last):\n" + frames if frames else ""
+        blocks.append(f"{capture.api} ({capture.mode} mode) on thread {capture.thread}{began}")
+    if not left:  # cgguard was uninstalled for part of the test: only the simulation knew
+        blocks += [
+            f"a capture on simulated stream {c.stream_id} ({c.mode} mode), which cgguard did not "
+            "track: it was not installed throughout the test"
+            for c in dropped
+        ]
+    it = "it" if count == 1 else "them"
+    fate = (
+        f"cgguard no longer counts {it} as open, so the tests after this one do not run inside {it}"
+    )
+    if dropped:
+        fate += f"; the simulated CUDA runtime has dropped {it} too"
+    elif on_cuda:
+        fate += (
+            f"; CUDA still holds {it} open, and may fail later CUDA calls of this process "
+            "because of it"
+        )
+    blocks.append(
+        f"{fate}. End every capture in the test that begins it: leave its torch.cuda.graph "
+        "block, or call capture_end()."
+    )
+    return "\n\n".join(blocks)
+
+
+def _cuda_is_usable() -> bool:
+    """Whether torch drives a real CUDA device here (without importing torch)."""
+    torch = sys.modules.get("torch")
+    try:
+        return torch is not None and bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def _changes(session: Config, now: Config) -> str:
+    """What differs between two configurations, field by field: ``mode: 'raise' -> 'log'``."""
+    before, after = session.as_dict(), now.as_dict()
+    return ", ".join(
+        f"{name}: {before[name]!r} -> {after[name]!r}"
+        for name in before
+        if before[name] != after[name]
+    )
 
 
 def _describe_unexpected(events: list[Event], when: str) -> list[str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import wrapt
-from helpers import patched_count, standin_hooks, torch_entry_points, tracker
+from helpers import SourceFile, patched_count, standin_hooks, torch_entry_points, tracker
 
 import cgguard
 from cgguard import _patches
@@ -323,6 +323,40 @@ def test_reinstall_forgets_a_capture_recorded_while_uninstalling(
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
             pass
         assert cgguard.status().captures == ()
+
+
+@pytest.mark.simulated
+def test_forget_captures_lets_go_of_all_but_the_kept_and_says_where_they_began() -> None:
+    """forget_captures() forgets the captures opened since open_captures(), describes each,
+    and leaves the ones open then alone."""
+    from cgguard._install import LeftOpen, forget_captures, open_captures
+
+    cgguard.install(cgguard.Config(log_file=os.devnull))
+    with simulated_cuda():
+        before, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+
+        def begin_relaxed() -> None:  # on a thread of its own: a relaxed capture outlives it
+            with torch.cuda.stream(stream):
+                before.capture_begin(capture_error_mode="relaxed")
+
+        thread = threading.Thread(target=begin_relaxed)
+        thread.start()
+        thread.join()
+        kept = open_captures()
+        with torch.cuda.stream(torch.cuda.Stream()):
+            torch.cuda.CUDAGraph().capture_begin()  # left-open
+        left = forget_captures(kept)
+        still_open = cgguard.status().captures
+        with torch.cuda.stream(stream):
+            before.capture_end()
+    function = "test_forget_captures_lets_go_of_all_but_the_kept_and_says_where_they_began"
+    began_at = SourceFile(__file__).frame("left-open", function)
+    thread_name = f"'MainThread' ({threading.get_ident()})"
+    assert [LeftOpen("CUDAGraph.capture_begin", "global", thread_name, [began_at])] == [
+        capture._replace(began_at=capture.began_at[-1:]) for capture in left
+    ]
+    kept_one = CaptureInfo(thread.ident or 0, "CUDAGraph.capture_begin", "relaxed")
+    assert ((kept_one,), (), []) == (still_open, cgguard.status().captures, forget_captures())
 
 
 def test_status_says_what_cgguard_is_doing() -> None:

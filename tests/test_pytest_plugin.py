@@ -344,6 +344,89 @@ def test_a_capture_abandoned_by_a_test_s_thread_fails_that_test(guarded: Session
     )
 
 
+GUARDED["test_left_open"] = """
+    import threading
+
+    import torch
+    from cgguard.testing import simulated_cuda
+
+    RELEASE = threading.Event()
+    THREADS = []
+
+
+    def test_leaves_a_capture_open():
+        with simulated_cuda(), torch.cuda.stream(torch.cuda.Stream()):
+            torch.cuda.CUDAGraph().capture_begin()  # line 12
+
+
+    def test_captures_after_it():
+        with simulated_cuda():
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                pass
+
+
+    def test_leaves_a_thread_capturing():
+        began = threading.Event()
+
+        def capture():
+            with torch.cuda.stream(torch.cuda.Stream()):
+                torch.cuda.CUDAGraph().capture_begin(capture_error_mode="thread_local")
+                began.set()
+                RELEASE.wait()
+
+        with simulated_cuda():
+            THREADS.append(threading.Thread(target=capture, name="cgg-capturer", daemon=True))
+            THREADS[0].start()
+            began.wait()
+
+
+    def test_ends_that_thread():
+        RELEASE.set()
+        THREADS[0].join()
+"""
+
+
+@pytest.mark.xdist_group("pytest_plugin-guarded")
+def test_a_capture_left_open_fails_the_test_that_left_it(guarded: Session) -> None:
+    """A capture still open after a test's teardown errors that test, on any thread still
+    running; the tests after it start with no capture open."""
+    expected = {
+        "test_left_open.py::test_leaves_a_capture_open": "error",
+        "test_left_open.py::test_captures_after_it": "passed",
+        "test_left_open.py::test_leaves_a_thread_capturing": "error",
+        "test_left_open.py::test_ends_that_thread": "passed",
+    }
+    assert expected == guarded.outcomes("test_left_open.py")
+    guarded.section("ERROR at teardown of test_leaves_a_capture_open").fnmatch_lines(
+        [
+            "*ERROR at teardown of test_leaves_a_capture_open*",
+            "cgguard: a capture begun during this test was still open after its teardown",
+            "",
+            "CUDAGraph.capture_begin (global mode) on thread 'MainThread' (*), begun at "
+            "(most recent call last):",
+            '  File "*test_left_open.py", line 12, in test_leaves_a_capture_open',
+            "    torch.cuda.CUDAGraph().capture_begin()  # line 12",
+            "",
+            "cgguard no longer counts it as open, so the tests after this one do not run inside "
+            "it. End every capture in the test that begins it: leave its torch.cuda.graph block, "
+            "or call capture_end().",
+        ],
+        consecutive=True,
+    )
+    guarded.section("ERROR at teardown of test_leaves_a_thread_capturing").fnmatch_lines(
+        [
+            "cgguard: a capture begun during this test was still open after its teardown",
+            "",
+            "CUDAGraph.capture_begin (thread_local mode) on thread 'cgg-capturer' (*), begun at "
+            "(most recent call last):",
+        ],
+        consecutive=True,
+    )
+    guarded.stdout.fnmatch_lines(
+        ["ERROR test_left_open.py::test_leaves_a_capture_open - cgguard: *"]
+    )
+
+
 GUARDED["test_clean"] = """
     import torch
     from cgguard.testing import simulated_cuda
@@ -779,3 +862,219 @@ def test_environment_activation_starts_a_session_that_treats_warnings_as_errors(
     pytester.makepyfile(test_plain="def test_plain():\n    pass\n")
     monkeypatch.setenv("CGGUARD_ENABLED", "1")
     run(pytester).assert_outcomes(passed=1)
+
+
+LEFT_ON_THE_SIMULATION = """
+    import torch
+    from cgguard.testing import active_simulation
+
+
+    def test_enters_a_capture_and_never_leaves():
+        torch.cuda.graph(torch.cuda.CUDAGraph()).__enter__()  # line 6
+
+
+    def test_starts_on_a_clean_runtime():
+        assert (torch.cuda.default_stream(), []) == (
+            torch.cuda.current_stream(), active_simulation().active_captures()
+        )
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            pass
+"""
+
+
+def test_a_capture_left_open_on_the_session_s_simulation_is_ended_there(
+    pytester: pytest.Pytester,
+) -> None:
+    """--cgguard-simulate-cuda: the simulated runtime ends a capture a test left open, and the
+    test's thread is back on the default stream for the next test."""
+    pytester.makepyfile(test_left_on_the_simulation=LEFT_ON_THE_SIMULATION)
+    result = run(pytester, "--cgguard", "--cgguard-simulate-cuda")
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_enters_a_capture_and_never_leaves*",
+            "cgguard: a capture begun during this test was still open after its teardown",
+            "",
+            "torch.cuda.graph (global mode) on thread 'MainThread' (*), begun at "
+            "(most recent call last):",
+            '  File "*test_left_on_the_simulation.py", line 6, in '
+            "test_enters_a_capture_and_never_leaves",
+            "    torch.cuda.graph(torch.cuda.CUDAGraph()).__enter__()  # line 6",
+            "",
+            "cgguard no longer counts it as open, so the tests after this one do not run inside "
+            "it; the simulated CUDA runtime has dropped it too. End every capture in the test "
+            "that begins it: leave its torch.cuda.graph block, or call capture_end().",
+        ],
+        consecutive=True,
+    )
+
+
+BROKEN_TEARDOWN = """
+    import cgguard
+    import pytest
+    import torch
+    from cgguard.testing import active_simulation
+
+
+    @pytest.fixture
+    def breaks_at_teardown():
+        yield
+        raise RuntimeError("teardown broke")
+
+
+    def test_leaves_a_capture_and_a_change(breaks_at_teardown):
+        with torch.cuda.stream(torch.cuda.Stream()):
+            torch.cuda.CUDAGraph().capture_begin()  # line 15
+        cgguard.install(cgguard.Config(mode="log"))
+
+
+    @pytest.mark.xfail(reason="fails inside its capture", strict=True)
+    def test_fails_inside_a_capture():
+        with torch.cuda.stream(torch.cuda.Stream()):
+            torch.cuda.CUDAGraph().capture_begin()
+        raise AssertionError("inside the capture")
+
+
+    def test_starts_clean_and_guarded():
+        assert ("raise", []) == (
+            cgguard.status().config.mode, active_simulation().active_captures()
+        )
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            pass
+"""
+
+
+def test_a_teardown_that_fails_still_cleans_up_and_says_what_the_test_left(
+    pytester: pytest.Pytester,
+) -> None:
+    """A test whose own teardown fails keeps that error, with what it left open and changed as a
+    cgguard section; an xfailed test's open capture is not judged; both are cleaned up."""
+    pytester.makepyfile(test_broken_teardown=BROKEN_TEARDOWN)
+    result = run(pytester, "--cgguard", "--cgguard-simulate-cuda")
+    result.assert_outcomes(passed=2, errors=1, xfailed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_leaves_a_capture_and_a_change*",
+            "E * RuntimeError: teardown broke",
+            "*- cgguard -*",
+            "cgguard: a capture begun during this test was still open after its teardown",
+            "",
+            "CUDAGraph.capture_begin (global mode) on thread 'MainThread' (*), begun at "
+            "(most recent call last):",
+            '  File "*test_broken_teardown.py", line 15, in test_leaves_a_capture_and_a_change',
+            "    torch.cuda.CUDAGraph().capture_begin()  # line 15",
+            "",
+            "cgguard no longer counts it as open, *; the simulated CUDA runtime has dropped it "
+            "too. End every capture *",
+            "",
+            "cgguard: this test changed cgguard's configuration (mode: 'raise' -> 'log'); the "
+            "plugin put the session's configuration back for the tests after it",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*test_fails_inside_a_capture*still open*")
+
+
+CHANGES = """
+    import cgguard
+    import torch
+    from cgguard.testing import simulated_cuda
+
+
+    def swallow_a_refusal():
+        with simulated_cuda(), cgguard.capture_disabled():
+            try:
+                with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                    pass
+            except RuntimeError:
+                pass
+
+
+    def test_uninstalls():
+        cgguard.uninstall()
+
+
+    def test_guarded_after_an_uninstall():
+        swallow_a_refusal()
+
+
+    def test_turns_a_rule_off():
+        cgguard.install(cgguard.Config(rules={"capture_disabled": "off"}))
+
+
+    def test_guarded_after_a_rule_was_turned_off():
+        swallow_a_refusal()
+
+
+    def test_puts_the_configuration_back_itself():
+        session = cgguard.status().config
+        cgguard.install(cgguard.Config(mode="log"))
+        cgguard.install(session)
+"""
+
+UNINSTALLED = (
+    "cgguard: this test uninstalled cgguard; the plugin installed it again, with the "
+    "session's configuration, for the tests after it"
+)
+RECONFIGURED = (
+    "cgguard: this test changed cgguard's configuration (rules: {} -> "
+    "{'capture_disabled': 'off'}); the plugin put the session's configuration back for the "
+    "tests after it"
+)
+
+# The tests after those that changed cgguard are guarded by the session's installation again.
+GUARDED_AGAIN = [
+    "FAILED test_changes.py::test_guarded_after_an_uninstall - cgguard: *",
+    "FAILED test_changes.py::test_guarded_after_a_rule_was_turned_off - cgguard: *",
+]
+
+
+def test_a_test_that_changes_the_installation_is_named_and_the_session_s_is_restored(
+    pytester: pytest.Pytester,
+) -> None:
+    """A test that uninstalls or reconfigures cgguard gets a warning saying so; the tests after
+    it run under the session's installation again."""
+    pytester.makepyfile(test_changes=CHANGES)
+    result = run(pytester, "--cgguard")
+    result.assert_outcomes(passed=3, failed=2, warnings=2)
+    result.stdout.fnmatch_lines(GUARDED_AGAIN)
+    # Each warning under the name of the test that changed cgguard, at that test's line.
+    result.stdout.fnmatch_lines(
+        [
+            "*= warnings summary =*",
+            "test_changes.py::test_uninstalls",
+            f"  test_changes.py:15: InstallationChangedWarning: {UNINSTALLED}",
+            "    def test_uninstalls():",
+            "",
+            "test_changes.py::test_turns_a_rule_off",
+            f"  test_changes.py:23: InstallationChangedWarning: {RECONFIGURED}",
+            "    def test_turns_a_rule_off():",
+            "",
+            "-- Docs: *",
+        ],
+        consecutive=True,
+    )
+
+
+def test_the_installation_warning_as_an_error_errors_the_test(
+    pytester: pytest.Pytester,
+) -> None:
+    """Turned into an error (-W error::...), the warning errors the test that changed cgguard
+    at its teardown, and the tests after it still run under the session's installation."""
+    pytester.makepyfile(test_changes=CHANGES)
+    warning = "cgguard.pytest_plugin.InstallationChangedWarning"
+    result = run(pytester, "--cgguard", "-W", f"error::{warning}")
+    result.assert_outcomes(passed=3, failed=2, errors=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*_ ERROR at teardown of test_uninstalls _*",
+            "",
+            f"E   {warning}: {UNINSTALLED}",
+            "All traceback entries are hidden.*",
+            "*_ ERROR at teardown of test_turns_a_rule_off _*",
+            "",
+            f"E   {warning}: {RECONFIGURED}",
+            "All traceback entries are hidden.*",
+        ],
+        consecutive=True,
+    )
+    result.stdout.fnmatch_lines(GUARDED_AGAIN)

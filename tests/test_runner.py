@@ -175,10 +175,17 @@ print(json.dumps(started), flush=True)
 """
 
 
+# Scripts whose names python would read as its own flags without a ``--`` before them.
+DASHED = ("-cgg_probe.py", "-cprint('cgg')", "-mcgg_probe_mod")
+
+
 def write_probes(tmp_path: Path, ending: str = "") -> None:
-    """The probe as a script, a script in sub/, a module, a package and a runnable folder."""
+    """The probe as a script, a script in sub/, a module, a package and a runnable folder, and
+    as scripts named like python's flags (DASHED)."""
     source = PROBE + ending
     write(tmp_path / "cgg_probe.py", source)
+    for name in DASHED:
+        write(tmp_path / name, source)
     write(tmp_path / "sub" / "cgg_probe_sub.py", source)
     write(tmp_path / "cgg_probe_mod.py", source)
     write(tmp_path / "cgg_probe_pkg" / "__init__.py", "")
@@ -259,6 +266,20 @@ STARTS = {
         options=("--mode", "log", "--"),
         program=("cgg_probe.py", "--mode"),
         argv=("cgg_probe.py", "--mode"),
+    ),
+    **{
+        f"-- and a script named {name}": Start(
+            (), ("--", name, "a"), (name, "a"), None, "{tmp}/" + name, "{tmp}"
+        )
+        for name in DASHED
+    },
+    "runner options, -- and a script whose name starts with -": Start(
+        ("--mode", "log"),
+        ("--", "-cgg_probe.py", "--mode"),
+        ("-cgg_probe.py", "--mode"),
+        None,
+        "{tmp}/-cgg_probe.py",
+        "{tmp}",
     ),
     "-m module": MODULE,
     "-m module with arguments that look like runner options": MODULE._replace(
@@ -586,6 +607,40 @@ def test_interpreter_flags_carry_to_the_program(
     ]
     expected = (0, seen, b"")
     assert expected == decoded((returncode, out, err))
+
+
+# Starts the runner from a script of its own, so that python's ``--`` can come before it.
+LAUNCHER = """\
+import sys
+from cgguard._cli import main
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize(
+    "runner",
+    [
+        pytest.param(RUNNER, id="-m cgguard run"),
+        pytest.param(("--", "cgg_launch.py", "run"), id="-- launcher.py run"),
+    ],
+)
+def test_interpreter_flags_come_before_the_dashes_of_a_dashed_script(
+    tmp_path: Path, runner: tuple[str, ...]
+) -> None:
+    """``python -X dev RUNNER -- -x.py`` starts ``python -X dev -- -x.py``: flags, then ``--``."""
+    write(tmp_path / "-cgg_flags.py", FLAGS_PROBE)
+    write(tmp_path / "cgg_launch.py", LAUNCHER)
+    flags, program = ("-X", "dev"), ("--", "-cgg_flags.py", "a")
+    plain = python([*flags, *program], tmp_path, clean_environ())
+    under_runner = python([*flags, *runner, *program], tmp_path, clean_environ())
+    seen = [
+        DEV,
+        ["default"],
+        [sys.executable, "-X", "dev", "--", "-cgg_flags.py", "a"],
+        ["-cgg_flags.py", "a"],
+    ]
+    expected = (0, seen, b"")
+    assert (expected, expected) == (decoded(plain), decoded(under_runner))
 
 
 def test_console_script(tmp_path: Path) -> None:
@@ -925,6 +980,11 @@ ERRORS = [
         id="options only",
     ),
     pytest.param(("run", "-m"), b"cgguard run: -m needs a module name\n", id="-m alone"),
+    pytest.param(
+        ("run", "--", "-m", "cgg_marker"),
+        NOT_FOUND.format("-m").encode(),
+        id="-m after -- names a file, as after python's --",
+    ),
     pytest.param(
         (),
         b"usage: cgguard {run,info,report} ...\n"

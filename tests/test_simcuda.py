@@ -415,6 +415,27 @@ def test_is_current_stream_capturing_follows_the_stream(sim: SimulatedCuda) -> N
     assert not torch.cuda.is_current_stream_capturing()
 
 
+def test_discarded_captures_are_gone_and_their_thread_is_on_the_default_stream(
+    sim: SimulatedCuda,
+) -> None:
+    """discard_captures() drops only the captures named, records no call, and puts the calling
+    thread back on the default stream when it was on one of theirs."""
+    other = run_in_thread(lambda: begin_raw("relaxed")[0]._simcuda_id)
+    mine, stream = begin_raw()
+    calls = sim.calls
+    dropped = sim.discard_captures({mine._simcuda_id})
+    me = threading.get_ident()
+    assert dropped == [ActiveCapture(mine._simcuda_id, stream.stream_id, "global", me, False)]
+    assert [other] == [c.graph_id for c in sim.active_captures()]
+    assert (calls, 0) == (sim.calls, torch.cuda.current_stream().stream_id)
+    # Nothing of the dropped capture is left to forbid a synchronize, or a capture on its stream.
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        again = torch.cuda.CUDAGraph()
+        again.capture_begin()
+        again.capture_end()
+
+
 def test_capture_end_on_other_stream_refused(sim: SimulatedCuda) -> None:
     """capture_end on another stream fails and leaves the capture running."""
     g, stream = begin_raw()

@@ -14,7 +14,7 @@ from cgguard._errors import CgguardError
 from cgguard._patchset import PatchSet
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Collection, Iterator
     from types import ModuleType
 
 _SUFFIX = " [simulated CUDA]"
@@ -162,6 +162,21 @@ class SimulatedCuda:
         """The captures under way now, invalidated ones included until their capture_end."""
         with self._lock:
             return list(self._captures.values())
+
+    def discard_captures(self, graph_ids: Collection[int]) -> list[ActiveCapture]:
+        """Drop the captures into these graphs as though they had never begun; return them.
+
+        For a test runner, so that the next test starts with no capture open: no CUDA call is
+        simulated (none could end a capture on another thread), and none is recorded. The
+        calling thread goes back to the default stream if it was on one of their streams.
+        """
+        with self._lock:
+            dropped = [c for c in self._captures.values() if c.graph_id in graph_ids]
+            for capture in dropped:
+                self._drop_capture_locked(capture.graph_id)
+        if self._current_stream_id() in {c.stream_id for c in dropped}:
+            self._local.stream_id = 0
+        return dropped
 
     # Everything below is called by the stand-ins; callers of "_locked" helpers hold the lock.
 
@@ -360,13 +375,7 @@ class SimulatedCuda:
             if capture.mode != "relaxed" and capture.thread != threading.get_ident():
                 self._note_locked("capture_end", graph_id, False)
                 raise _cuda_error(_WRONG_THREAD)  # and the capture goes on
-            del self._captures[graph_id]
-            nodes = self._nodes.pop(graph_id, 0)
-            serial = self._serials.pop(graph_id, None)
-            # The forked streams leave with it. A fork never joined back makes CUDA fail
-            # cudaStreamEndCapture (cudaErrorStreamCaptureUnjoined); that is not simulated.
-            for stream_id in [k for k, v in self._joined.items() if v == (graph_id, serial)]:
-                del self._joined[stream_id]
+            nodes = self._drop_capture_locked(graph_id)
             self._note_locked("capture_end", graph_id, not capture.invalidated)
             if capture.invalidated:
                 raise _cuda_error(_INVALIDATED)
@@ -376,6 +385,17 @@ class SimulatedCuda:
             graph._simcuda_exec = not graph.keep_graph
         if nodes == 0 and self.warn_empty_captures:
             warnings.warn(_EMPTY + _SUFFIX, UserWarning, stacklevel=3)
+
+    def _drop_capture_locked(self, graph_id: int) -> int:
+        """Forget the capture into ``graph_id`` and the streams that joined it; its node count."""
+        del self._captures[graph_id]
+        nodes = self._nodes.pop(graph_id, 0)
+        serial = self._serials.pop(graph_id, None)
+        # The forked streams leave with it. A fork never joined back makes CUDA fail
+        # cudaStreamEndCapture (cudaErrorStreamCaptureUnjoined); that is not simulated.
+        for stream_id in [k for k, v in self._joined.items() if v == (graph_id, serial)]:
+            del self._joined[stream_id]
+        return nodes
 
     def _instantiate(self, graph: _GraphBackend) -> None:
         with self._lock:
