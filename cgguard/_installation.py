@@ -59,7 +59,7 @@ class Installation:
         self.reporter = Reporter(
             old.config,
             run,
-            log=old.log,
+            log=old.log.anew() if old.log is not None else None,
             report=report,
             exemptions=exemptions,
             listeners=old.listeners,

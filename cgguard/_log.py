@@ -215,6 +215,12 @@ class EventLog:
         except Exception as exc:
             warn_once("report", f"could not report a violation: {exc!r}")
 
+    def anew(self) -> EventLog:
+        """The same log, made again: a forked child's, whose locks no parent thread holds."""
+        return EventLog(
+            self.log_format, self.log_file, target=self.target, processors=self._processors
+        )
+
     def close(self) -> None:
         """Release the log file, if one was opened."""
         if isinstance(self._sink, _FileSink):
