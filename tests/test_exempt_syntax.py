@@ -3,6 +3,7 @@ runner take it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from typing import TYPE_CHECKING
@@ -220,4 +221,91 @@ def test_runner_refuses_a_bad_entry() -> None:
         2,
         "cgguard run: error: argument --exempt: 'capture_disabled=k.py': a file glob holds a "
         f"'/': write */k.py; an entry is {SYNTAX}",
+    )
+
+
+class Counted(tuple[str, str]):
+    """A (rule, place) pair that counts the equality comparisons made with it."""
+
+    compared = 0
+
+    def __eq__(self, other: object) -> bool:
+        Counted.compared += 1
+        return tuple.__eq__(self, other)
+
+    __hash__ = tuple.__hash__
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> type[Counted]:
+    """Every entry parsed from now on is a Counted pair; the count starts at zero."""
+    real = _exempt_syntax.parse_entry
+    monkeypatch.setattr(_exempt_syntax, "parse_entry", lambda entry: Counted(real(entry)))
+    monkeypatch.setattr(Counted, "compared", 0)
+    return Counted
+
+
+def many(count: int) -> list[str]:
+    """``count`` distinct entries, of the three kinds of place in turn."""
+    places = ("pkg{}.mod:Kernel.run", "*/lib{}/kernels.py", "pkg{}.sub.")
+    return [f"capture_disabled={places[i % 3].format(i)}" for i in range(count)]
+
+
+def test_repeated_entries_cost_one_comparison_each(counted: type[Counted]) -> None:
+    """parse(): 3,000 entries, each given twice, are de-duplicated with at most one comparison
+    per repeat, not one per entry kept before it."""
+    entries = many(3000)
+    pairs, refused = _exempt_syntax.parse(";".join(entries + entries))
+    compared = counted.compared  # before the comparisons of the assertion itself
+    assert ([tuple(e.split("=")) for e in entries], []) == (pairs, refused)
+    assert compared <= len(entries)
+
+
+def test_repeated_file_entries_cost_one_comparison_each(
+    tmp_path: Path, counted: type[Counted]
+) -> None:
+    """parse_file(): a file of 3,000 entries a line, each on two lines, is de-duplicated with at
+    most one comparison per repeat."""
+    entries = many(3000)
+    path = tmp_path / "exemptions"
+    path.write_text("\n".join(entries + entries) + "\n")
+    parsed = _exempt_syntax.parse_file(str(path))
+    compared = counted.compared
+    assert ([tuple(e.split("=")) for e in entries], [], None) == parsed
+    assert compared <= len(entries)
+
+
+def test_repeated_config_entries_cost_one_comparison_each(counted: type[Counted]) -> None:
+    """Config(exempt=...): 3,000 entries, each given twice, are kept once each, with at most one
+    comparison per repeat."""
+    entries = many(3000)
+    config = cgguard.Config(exempt=entries + entries)
+    compared = counted.compared
+    assert tuple(tuple(e.split("=")) for e in entries) == config.exempt
+    assert compared <= len(entries)
+
+
+def test_a_file_is_parsed_once_until_its_contents_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """parse_file() twice on one file parses its entries once; a file rewritten, even to the same
+    size and modification time, is parsed again and gives its new entries."""
+    parsed: list[str] = []
+    real = _exempt_syntax.parse_entry
+    monkeypatch.setattr(
+        _exempt_syntax, "parse_entry", lambda entry: parsed.append(entry) or real(entry)
+    )
+    path = tmp_path / "exemptions"
+    path.write_text("capture_disabled=a\nnested_capture=b\n")
+    first = _exempt_syntax.parse_file(str(path))
+    again = _exempt_syntax.parse_file(str(path))
+    seen = os.stat(path)
+    path.write_text("capture_disabled=c\nnested_capture=d\n")
+    os.utime(path, ns=(seen.st_atime_ns, seen.st_mtime_ns))
+    changed = _exempt_syntax.parse_file(str(path))
+    assert (first, again, changed, parsed) == (
+        ([("capture_disabled", "a"), ("nested_capture", "b")], [], None),
+        ([("capture_disabled", "a"), ("nested_capture", "b")], [], None),
+        ([("capture_disabled", "c"), ("nested_capture", "d")], [], None),
+        ["capture_disabled=a", "nested_capture=b", "capture_disabled=c", "nested_capture=d"],
     )
