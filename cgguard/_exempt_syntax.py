@@ -86,6 +86,21 @@ def problem(place: str) -> "str | None":
     return reason
 
 
+def is_catch_all(place: str) -> bool:
+    """Whether ``place`` matches every frame that has a file: a file glob that matches every
+    absolute path, which every imported module's frames have, torch's own among them.
+
+    Only a glob made of ``*``, ``?`` and ``/`` alone can: any other character, or a ``[...]``
+    class, asks for something a path may lack. It matches every absolute path, ``/a`` the
+    shortest, exactly when it has one ``/``, nothing but ``*`` before it, and after it at least
+    one ``*`` and at most one ``?``. A module or a function names one module's frames only.
+    """
+    if "/" not in place or place.strip("*?/"):  # not a file glob, or another character in it
+        return False
+    before, _, after = place.partition("/")
+    return not before.strip("*") and "/" not in after and "*" in after and after.count("?") <= 1
+
+
 def is_module(name: str) -> bool:
     """Whether ``name`` is a dotted module name (``torch._inductor``)."""
     # map() over the method rather than a generator; "" splits into [""], no identifier.

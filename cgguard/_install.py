@@ -177,7 +177,7 @@ def _configure(guard: Guard | None, config: Config) -> Guard:
 
 def _exemptions_of(config: Config) -> list[tuple[str, str]]:
     """The configuration's exemptions and its exemptions file's; each line of the file that is
-    ignored, or the whole file, is one warning."""
+    ignored, or the whole file, is one warning, as is each exemption that matches every file."""
     # A dict for its keys' order: a file of thousands of entries is joined in one pass.
     pairs = dict.fromkeys(config.exempt)
     if config.exempt_file is not None:
@@ -185,6 +185,8 @@ def _exemptions_of(config: Config) -> list[tuple[str, str]]:
         for line in problems:
             warn_once(line, line)
         pairs.update(dict.fromkeys(found))
+    for line in _settings.catch_alls(pairs):
+        warn_once(line, line)
     return list(pairs)
 
 

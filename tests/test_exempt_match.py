@@ -723,3 +723,28 @@ def test_config_and_file_exemptions_merge_with_one_comparison_per_repeat(
     compared = Counted.compared  # before the comparisons of the assertion itself
     assert [tuple(entry.split("=")) for entry in given + more] == pairs
     assert compared <= len(given)
+
+
+def test_catch_all_under_the_logging_target_still_says_so(
+    runtime: Runtime,
+    make_module: Make,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Under the logging target at its default level, the debug line and the summary of a
+    catch-all's exempted captures pass no handler: the one line said at install is on stderr."""
+    from cgguard import _install
+
+    kernels = make_module("exempt_every_q", KERNELS)
+    cgguard.install(cgguard.Config(exempt="capture_disabled=*/*", log_target="logging"))
+    with cgguard.capture_disabled():
+        kernels.Kernel().run()
+    _install._at_exit()  # what the interpreter's exit runs
+    expected = (
+        {"capture_disabled": 1},
+        [],
+        "cgguard: the exemption 'capture_disabled=*/*' matches every file: it exempts every "
+        "capture from capture_disabled; an exemption meant for one place names its file "
+        "(*/vllm_plugin/kernels.py), module or module:qualname\n",
+    )
+    assert expected == (cgguard.status().exempted, caplog.records, capsys.readouterr().err)

@@ -309,3 +309,101 @@ def test_a_file_is_parsed_once_until_its_contents_change(
         ([("capture_disabled", "c"), ("nested_capture", "d")], [], None),
         ["capture_disabled=a", "nested_capture=b", "capture_disabled=c", "nested_capture=d"],
     )
+
+
+def catch_all_line(entry: str, rule: str) -> str:
+    """The warning for a catch-all exemption, as written independently of the code."""
+    return (
+        f"the exemption {entry!r} matches every file: it exempts every capture from {rule}; "
+        "an exemption meant for one place names its file (*/vllm_plugin/kernels.py), module "
+        "or module:qualname"
+    )
+
+
+@pytest.mark.parametrize(
+    ("place", "every"),
+    [
+        ("/*", True),
+        ("*/*", True),
+        ("**/*", True),
+        ("*/**", True),
+        ("/?*", True),  # a '?' after the '/': every path has a character there
+        ("*/*?", True),
+        ("*/", False),  # only a path ending in '/', which no file's does
+        ("/", False),
+        ("/?", False),  # two characters long only
+        ("/??*", False),  # not /a
+        ("?/*", False),  # not /a: nothing comes before its '/'
+        ("*/*/*", False),  # two folders deep: not /a
+        ("*/*.py", False),
+        ("/[!x]*", False),  # a class is a character asked for
+        ("*/kernels.py", False),
+        ("torch", False),  # a module names its own frames only
+        ("torch.", False),
+        ("torch:Kernel.run", False),
+    ],
+)
+def test_catch_all_is_a_glob_of_every_absolute_path(place: str, every: bool) -> None:
+    """A place is a catch-all exactly when it is a file glob matching every absolute path."""
+    assert every is _exempt_syntax.is_catch_all(place)
+
+
+def test_catch_all_in_the_variable_and_the_file_is_a_problem(tmp_path: Path) -> None:
+    """read(): an exemption matching every file, in CGGUARD_EXEMPT or in the file, applies and
+    is one problem line; the same entry in both is the same line."""
+    path = tmp_path / "exemptions"
+    path.write_text("sync_during_capture=/*\ncapture_disabled=*/*\n")
+    environ = {
+        "CGGUARD_EXEMPT": "capture_disabled=*/*;nested_capture=*/kernels.py",
+        "CGGUARD_EXEMPT_FILE": str(path),
+    }
+    expected = (
+        {
+            "exempt": (("capture_disabled", "*/*"), ("nested_capture", "*/kernels.py")),
+            "exempt_file": str(path),
+        },
+        {"exempt": "CGGUARD_EXEMPT", "exempt_file": "CGGUARD_EXEMPT_FILE"},
+        [
+            catch_all_line("capture_disabled=*/*", "capture_disabled"),
+            catch_all_line("sync_during_capture=/*", "sync_during_capture"),
+            catch_all_line("capture_disabled=*/*", "capture_disabled"),
+        ],
+    )
+    assert expected == _settings.read(environ)
+
+
+def test_catch_all_of_a_config_warns_once_at_install(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Config(exempt=...) and Config(exempt_file=...) with catch-alls: one line each at install,
+    however often installed, and the exemptions apply."""
+    path = tmp_path / "exemptions"
+    path.write_text("nested_capture=**/*\n")
+    config = cgguard.Config(exempt="capture_disabled=/?*", exempt_file=str(path))
+    cgguard.install(config)
+    cgguard.install(cgguard.Config(exempt="capture_disabled=/?*"))
+    cgguard.install(config)
+    expected = (
+        f"cgguard: {catch_all_line('capture_disabled=/?*', 'capture_disabled')}\n"
+        f"cgguard: {catch_all_line('nested_capture=**/*', 'nested_capture')}\n",
+        ("capture_disabled=/?*", "nested_capture=**/*"),
+    )
+    assert expected == (capsys.readouterr().err, cgguard.status().exemptions)
+
+
+@pytest.mark.subprocess
+def test_runner_catch_all_is_one_warning_in_the_program() -> None:
+    """cgguard run --exempt with a catch-all runs the program, which says so in one line."""
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "cgguard", "run", "--exempt", "capture_disabled=*/*"),
+            *(sys.executable, "-c", "import torch; print('ran')"),
+        ],
+        env=clean_environ(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    line = catch_all_line("capture_disabled=*/*", "capture_disabled")
+    assert (0, "ran\n", f"cgguard: {line}\n") == (done.returncode, done.stdout, done.stderr)
