@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     Pair = tuple[str, str]  # (rule, place), as a Config keeps an exemption
 
 SEPARATOR = ";"
+_RULES = frozenset(NAMES)
 FILE, FUNCTION, MODULE = "file", "function", "module"
 _GLOB = frozenset("*?[")
 
@@ -73,7 +74,7 @@ def problem(place: str) -> "str | None":
         reason = None
     elif found == FUNCTION:
         module, _, qualname = place.partition(":")
-        valid = is_module(module) and all(_is_name_part(p) for p in qualname.split("."))
+        valid = is_module(module) and _is_qualname(qualname)
         reason = None if valid else "a function is module:qualname (vllm_plugin.kernels:Kernel.run)"
     elif _GLOB & set(place) or place.endswith(".py"):
         # The likeliest mistake of all: a file named without its folder.
@@ -85,9 +86,30 @@ def problem(place: str) -> "str | None":
     return reason
 
 
+def is_catch_all(place: str) -> bool:
+    """Whether ``place`` matches every frame that has a file: a file glob that matches every
+    absolute path, which every imported module's frames have, torch's own among them.
+
+    Only a glob made of ``*``, ``?`` and ``/`` alone can: any other character, or a ``[...]``
+    class, asks for something a path may lack. It matches every absolute path, ``/a`` the
+    shortest, exactly when it has one ``/``, nothing but ``*`` before it, and after it at least
+    one ``*`` and at most one ``?``. A module or a function names one module's frames only.
+    """
+    if "/" not in place or place.strip("*?/"):  # not a file glob, or another character in it
+        return False
+    before, _, after = place.partition("/")
+    return not before.strip("*") and "/" not in after and "*" in after and after.count("?") <= 1
+
+
 def is_module(name: str) -> bool:
     """Whether ``name`` is a dotted module name (``torch._inductor``)."""
-    return bool(name) and all(part.isidentifier() for part in name.split("."))
+    # map() over the method rather than a generator; "" splits into [""], no identifier.
+    return all(map(str.isidentifier, name.split(".")))
+
+
+def _is_qualname(qualname: str) -> bool:
+    parts = qualname.split(".")
+    return all(map(str.isidentifier, parts)) or all(map(_is_name_part, parts))
 
 
 def _is_name_part(part: str) -> bool:
@@ -107,7 +129,7 @@ def parse_entry(entry: str) -> "Pair":
     rule, place = rule.strip().lower(), place.strip()
     if not equals:
         raise ValueError("not RULE=PLACE")
-    if rule not in NAMES:
+    if rule not in _RULES:
         raise ValueError(f"no rule {rule!r}; the rules are {', '.join(NAMES)}")
     reason = problem(place)
     if reason is not None:
@@ -118,8 +140,15 @@ def parse_entry(entry: str) -> "Pair":
 def parse(value: str) -> "tuple[list[Pair], list[tuple[str, str]]]":
     """The exemptions of ``;``-separated entries: those accepted, and (entry, reason) for the
     rest, which do not stop the others from applying. Empty entries are nothing."""
-    pairs: list[Pair] = []
+    pairs: dict[Pair, None] = {}
     refused: list[tuple[str, str]] = []
+    _parse_into(pairs, refused, value)
+    return list(pairs), refused
+
+
+def _parse_into(pairs: "dict[Pair, None]", refused: "list[tuple[str, str]]", value: str) -> None:
+    """Add the entries of ``value`` to ``pairs``, a dict for its keys' order: each is looked up
+    once, where a list would compare it with every entry before it."""
     for entry in value.split(SEPARATOR):
         if not entry.strip():
             continue
@@ -128,9 +157,14 @@ def parse(value: str) -> "tuple[list[Pair], list[tuple[str, str]]]":
         except ValueError as exc:
             refused.append((entry.strip(), str(exc)))
             continue
-        if pair not in pairs:
-            pairs.append(pair)
-    return pairs, refused
+        pairs.setdefault(pair, None)
+
+
+# The last parse of each exemptions file, by path: the bytes read and what they gave. Activation
+# parses the file at start-up to warn, and install() again to apply it: a file that reads the
+# same is not parsed twice. Compared by content, not by a stat of it: a file rewritten in place
+# may keep its size and, within the clock's resolution, its modification time.
+_parsed: "dict[str, tuple[bytes, tuple[Pair, ...], tuple[tuple[int, str, str], ...]]]" = {}
 
 
 def parse_file(
@@ -139,7 +173,8 @@ def parse_file(
     """An exemptions file: one entry a line (or several, ``;``-separated), ``#`` comments.
 
     Returns the exemptions accepted, (line, entry, reason) for each refused, and why the file
-    could not be read at all, if it could not (nothing of it applies then).
+    could not be read at all, if it could not (nothing of it applies then). The file is read
+    at every call, and parsed again only when what it holds changed.
     """
     try:
         # O_NONBLOCK: a FIFO at the path would block a plain open until a writer came, and
@@ -153,17 +188,23 @@ def parse_file(
         return [], [], exc.strerror or str(exc)
     if len(data) > LONGEST_FILE:
         return [], [], f"longer than {LONGEST_FILE} bytes"
+    cached = _parsed.get(path)
+    if cached is not None and cached[0] == data:
+        return list(cached[1]), list(cached[2]), None
     try:
         content = data.decode("utf-8")
     except UnicodeDecodeError:
         return [], [], "not UTF-8 text"
-    pairs: list[Pair] = []
+    pairs: dict[Pair, None] = {}
     refused: list[tuple[int, str, str]] = []
+    bad: list[tuple[str, str]] = []
     for number, line in enumerate(content.splitlines(), 1):
-        accepted, bad = parse(_uncommented(line))
-        pairs += [p for p in accepted if p not in pairs]
-        refused += [(number, entry, reason) for entry, reason in bad]
-    return pairs, refused, None
+        _parse_into(pairs, bad, _uncommented(line))
+        if bad:
+            refused += [(number, entry, reason) for entry, reason in bad]
+            bad.clear()
+    _parsed[path] = (data, tuple(pairs), tuple(refused))
+    return list(pairs), refused, None
 
 
 def _uncommented(line: str) -> str:
@@ -171,10 +212,11 @@ def _uncommented(line: str) -> str:
 
     A ``#`` inside a word stays: a file glob may hold one.
     """
-    for i, char in enumerate(line):
-        if char == "#" and (i == 0 or line[i - 1].isspace()):
-            return line[:i]
-    return line
+    # By find(), not character by character: a file may hold a million of them.
+    at = line.find("#")
+    while at > 0 and not line[at - 1].isspace():
+        at = line.find("#", at + 1)
+    return line if at < 0 else line[:at]
 
 
 def normalize(value: object) -> "tuple[Pair, ...]":
@@ -186,11 +228,8 @@ def normalize(value: object) -> "tuple[Pair, ...]":
     """
     if value is None:
         return ()
-    pairs: list[Pair] = []
-    for rule, place in _candidates(value):
-        pair = _checked_pair(rule, place)
-        if pair not in pairs:
-            pairs.append(pair)
+    # A dict for its keys' order: each pair is looked up once, not compared with every other.
+    pairs = dict.fromkeys(_checked_pair(rule, place) for rule, place in _candidates(value))
     return tuple(pairs)
 
 

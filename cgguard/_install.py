@@ -235,14 +235,17 @@ def _reporter(config: Config, run: Run) -> Reporter:
 
 def _exemptions_of(config: Config) -> list[tuple[str, str]]:
     """The configuration's exemptions and its exemptions file's; each line of the file that is
-    ignored, or the whole file, is one warning."""
-    pairs = list(config.exempt)
+    ignored, or the whole file, is one warning, as is each exemption that matches every file."""
+    # A dict for its keys' order: a file of thousands of entries is joined in one pass.
+    pairs = dict.fromkeys(config.exempt)
     if config.exempt_file is not None:
         found, problems = _settings.exemptions_file(config.exempt_file)
         for line in problems:
             warn_once(line, line)
-        pairs += [pair for pair in found if pair not in pairs]
-    return pairs
+        pairs.update(dict.fromkeys(found))
+    for line in _settings.catch_alls(pairs):
+        warn_once(line, line)
+    return list(pairs)
 
 
 def _register_process_hooks() -> None:

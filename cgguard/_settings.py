@@ -14,7 +14,7 @@ from cgguard._startup import ENABLED
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Mapping
     from typing import Any
 
     from cgguard._exempt_syntax import Pair
@@ -172,6 +172,7 @@ def read(environ: "Mapping[str, str]") -> "tuple[dict[str, object], dict[str, st
             if pairs:
                 values[setting.field] = tuple(pairs)
                 sources[setting.field] = setting.variable
+                problems += catch_alls(pairs)
             continue
         value = setting.parse(raw) if isinstance(raw, str) else None
         if value is None:
@@ -186,7 +187,8 @@ def read(environ: "Mapping[str, str]") -> "tuple[dict[str, object], dict[str, st
         problems.append("ignoring CGGUARD_LOG_TARGET='file': CGGUARD_LOG_FILE is not set")
         del values["log_target"], sources["log_target"]
     if "exempt_file" in values:
-        problems += exemptions_file(str(values["exempt_file"]))[1]
+        found, lines = exemptions_file(str(values["exempt_file"]))
+        problems += lines + catch_alls(found)
     problems += [_unknown(name) for name in environ if _is_unknown(name)]
     rules = _read_rules(environ, sources, problems)
     if rules:
@@ -202,6 +204,22 @@ def refused_entry(entry: str, reason: str, where: str) -> str:
     if not reason.startswith("no rule"):  # that one lists what is accepted already
         line += f"; an entry is {_exempt_syntax.SYNTAX}"
     return line
+
+
+def catch_alls(pairs: "Iterable[Pair]") -> "list[str]":
+    """One problem line per exemption of ``pairs`` whose place matches every file: it applies,
+    and lets every capture break its rule, which is seldom what was meant. The line names the
+    entry, not where it was given, so that an entry read at start-up and again at install, or
+    given in two places, is said once."""
+    from cgguard import _exempt_syntax
+
+    return [
+        f"the exemption {shown(_exempt_syntax.text(pair))} matches every file: it exempts "
+        f"every capture from {pair[0]}; an exemption meant for one place names its file "
+        "(*/vllm_plugin/kernels.py), module or module:qualname"
+        for pair in pairs
+        if _exempt_syntax.is_catch_all(pair[1])
+    ]
 
 
 def exemptions_file(path: str) -> "tuple[list[Pair], list[str]]":

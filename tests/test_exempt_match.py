@@ -694,3 +694,61 @@ def test_a_child_forked_while_another_thread_matches_exemptions_does_not_hang() 
         os.waitpid(pid, 0)
         pytest.fail("the forked child hung on the exemptions' lock")
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+class Counted(tuple[str, str]):
+    """A (rule, place) pair that counts the equality comparisons made with it."""
+
+    compared = 0
+
+    def __eq__(self, other: object) -> bool:
+        Counted.compared += 1
+        return tuple.__eq__(self, other)
+
+    __hash__ = tuple.__hash__
+
+
+def test_config_and_file_exemptions_merge_with_one_comparison_per_repeat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """install() joins 2,000 exemptions of a Config with a file repeating them and adding 2,000
+    more: the Config's first, each once, at most one comparison per repeat."""
+    from cgguard import _exempt_syntax, _install
+
+    real = _exempt_syntax.parse_entry
+    monkeypatch.setattr(_exempt_syntax, "parse_entry", lambda entry: Counted(real(entry)))
+    given = [f"capture_disabled=pkg{i}.mod:Kernel.run" for i in range(2000)]
+    more = [f"nested_capture=*/lib{i}/kernels.py" for i in range(2000)]
+    path = tmp_path / "exemptions"
+    path.write_text("\n".join(more[:1000] + given + more[1000:]) + "\n")
+    config = cgguard.Config(exempt=given, exempt_file=str(path))
+    monkeypatch.setattr(Counted, "compared", 0)
+    pairs = _install._exemptions_of(config)
+    compared = Counted.compared  # before the comparisons of the assertion itself
+    assert [tuple(entry.split("=")) for entry in given + more] == pairs
+    assert compared <= len(given)
+
+
+def test_catch_all_under_the_logging_target_still_says_so(
+    runtime: Runtime,
+    make_module: Make,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Under the logging target at its default level, the debug line and the summary of a
+    catch-all's exempted captures pass no handler: the one line said at install is on stderr."""
+    from cgguard import _install
+
+    kernels = make_module("exempt_every_q", KERNELS)
+    cgguard.install(cgguard.Config(exempt="capture_disabled=*/*", log_target="logging"))
+    with cgguard.capture_disabled():
+        kernels.Kernel().run()
+    _install._at_exit()  # what the interpreter's exit runs
+    expected = (
+        {"capture_disabled": 1},
+        [],
+        "cgguard: the exemption 'capture_disabled=*/*' matches every file: it exempts every "
+        "capture from capture_disabled; an exemption meant for one place names its file "
+        "(*/vllm_plugin/kernels.py), module or module:qualname\n",
+    )
+    assert expected == (cgguard.status().exempted, caplog.records, capsys.readouterr().err)

@@ -3,6 +3,7 @@ runner take it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from typing import TYPE_CHECKING
@@ -221,3 +222,188 @@ def test_runner_refuses_a_bad_entry() -> None:
         "cgguard run: error: argument --exempt: 'capture_disabled=k.py': a file glob holds a "
         f"'/': write */k.py; an entry is {SYNTAX}",
     )
+
+
+class Counted(tuple[str, str]):
+    """A (rule, place) pair that counts the equality comparisons made with it."""
+
+    compared = 0
+
+    def __eq__(self, other: object) -> bool:
+        Counted.compared += 1
+        return tuple.__eq__(self, other)
+
+    __hash__ = tuple.__hash__
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> type[Counted]:
+    """Every entry parsed from now on is a Counted pair; the count starts at zero."""
+    real = _exempt_syntax.parse_entry
+    monkeypatch.setattr(_exempt_syntax, "parse_entry", lambda entry: Counted(real(entry)))
+    monkeypatch.setattr(Counted, "compared", 0)
+    return Counted
+
+
+def many(count: int) -> list[str]:
+    """``count`` distinct entries, of the three kinds of place in turn."""
+    places = ("pkg{}.mod:Kernel.run", "*/lib{}/kernels.py", "pkg{}.sub.")
+    return [f"capture_disabled={places[i % 3].format(i)}" for i in range(count)]
+
+
+def test_repeated_entries_cost_one_comparison_each(counted: type[Counted]) -> None:
+    """parse(): 3,000 entries, each given twice, are de-duplicated with at most one comparison
+    per repeat, not one per entry kept before it."""
+    entries = many(3000)
+    pairs, refused = _exempt_syntax.parse(";".join(entries + entries))
+    compared = counted.compared  # before the comparisons of the assertion itself
+    assert ([tuple(e.split("=")) for e in entries], []) == (pairs, refused)
+    assert compared <= len(entries)
+
+
+def test_repeated_file_entries_cost_one_comparison_each(
+    tmp_path: Path, counted: type[Counted]
+) -> None:
+    """parse_file(): a file of 3,000 entries a line, each on two lines, is de-duplicated with at
+    most one comparison per repeat."""
+    entries = many(3000)
+    path = tmp_path / "exemptions"
+    path.write_text("\n".join(entries + entries) + "\n")
+    parsed = _exempt_syntax.parse_file(str(path))
+    compared = counted.compared
+    assert ([tuple(e.split("=")) for e in entries], [], None) == parsed
+    assert compared <= len(entries)
+
+
+def test_repeated_config_entries_cost_one_comparison_each(counted: type[Counted]) -> None:
+    """Config(exempt=...): 3,000 entries, each given twice, are kept once each, with at most one
+    comparison per repeat."""
+    entries = many(3000)
+    config = cgguard.Config(exempt=entries + entries)
+    compared = counted.compared
+    assert tuple(tuple(e.split("=")) for e in entries) == config.exempt
+    assert compared <= len(entries)
+
+
+def test_a_file_is_parsed_once_until_its_contents_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """parse_file() twice on one file parses its entries once; a file rewritten, even to the same
+    size and modification time, is parsed again and gives its new entries."""
+    parsed: list[str] = []
+    real = _exempt_syntax.parse_entry
+    monkeypatch.setattr(
+        _exempt_syntax, "parse_entry", lambda entry: parsed.append(entry) or real(entry)
+    )
+    path = tmp_path / "exemptions"
+    path.write_text("capture_disabled=a\nnested_capture=b\n")
+    first = _exempt_syntax.parse_file(str(path))
+    again = _exempt_syntax.parse_file(str(path))
+    seen = os.stat(path)
+    path.write_text("capture_disabled=c\nnested_capture=d\n")
+    os.utime(path, ns=(seen.st_atime_ns, seen.st_mtime_ns))
+    changed = _exempt_syntax.parse_file(str(path))
+    assert (first, again, changed, parsed) == (
+        ([("capture_disabled", "a"), ("nested_capture", "b")], [], None),
+        ([("capture_disabled", "a"), ("nested_capture", "b")], [], None),
+        ([("capture_disabled", "c"), ("nested_capture", "d")], [], None),
+        ["capture_disabled=a", "nested_capture=b", "capture_disabled=c", "nested_capture=d"],
+    )
+
+
+def catch_all_line(entry: str, rule: str) -> str:
+    """The warning for a catch-all exemption, as written independently of the code."""
+    return (
+        f"the exemption {entry!r} matches every file: it exempts every capture from {rule}; "
+        "an exemption meant for one place names its file (*/vllm_plugin/kernels.py), module "
+        "or module:qualname"
+    )
+
+
+@pytest.mark.parametrize(
+    ("place", "every"),
+    [
+        ("/*", True),
+        ("*/*", True),
+        ("**/*", True),
+        ("*/**", True),
+        ("/?*", True),  # a '?' after the '/': every path has a character there
+        ("*/*?", True),
+        ("*/", False),  # only a path ending in '/', which no file's does
+        ("/", False),
+        ("/?", False),  # two characters long only
+        ("/??*", False),  # not /a
+        ("?/*", False),  # not /a: nothing comes before its '/'
+        ("*/*/*", False),  # two folders deep: not /a
+        ("*/*.py", False),
+        ("/[!x]*", False),  # a class is a character asked for
+        ("*/kernels.py", False),
+        ("torch", False),  # a module names its own frames only
+        ("torch.", False),
+        ("torch:Kernel.run", False),
+    ],
+)
+def test_catch_all_is_a_glob_of_every_absolute_path(place: str, every: bool) -> None:
+    """A place is a catch-all exactly when it is a file glob matching every absolute path."""
+    assert every is _exempt_syntax.is_catch_all(place)
+
+
+def test_catch_all_in_the_variable_and_the_file_is_a_problem(tmp_path: Path) -> None:
+    """read(): an exemption matching every file, in CGGUARD_EXEMPT or in the file, applies and
+    is one problem line; the same entry in both is the same line."""
+    path = tmp_path / "exemptions"
+    path.write_text("sync_during_capture=/*\ncapture_disabled=*/*\n")
+    environ = {
+        "CGGUARD_EXEMPT": "capture_disabled=*/*;nested_capture=*/kernels.py",
+        "CGGUARD_EXEMPT_FILE": str(path),
+    }
+    expected = (
+        {
+            "exempt": (("capture_disabled", "*/*"), ("nested_capture", "*/kernels.py")),
+            "exempt_file": str(path),
+        },
+        {"exempt": "CGGUARD_EXEMPT", "exempt_file": "CGGUARD_EXEMPT_FILE"},
+        [
+            catch_all_line("capture_disabled=*/*", "capture_disabled"),
+            catch_all_line("sync_during_capture=/*", "sync_during_capture"),
+            catch_all_line("capture_disabled=*/*", "capture_disabled"),
+        ],
+    )
+    assert expected == _settings.read(environ)
+
+
+def test_catch_all_of_a_config_warns_once_at_install(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Config(exempt=...) and Config(exempt_file=...) with catch-alls: one line each at install,
+    however often installed, and the exemptions apply."""
+    path = tmp_path / "exemptions"
+    path.write_text("nested_capture=**/*\n")
+    config = cgguard.Config(exempt="capture_disabled=/?*", exempt_file=str(path))
+    cgguard.install(config)
+    cgguard.install(cgguard.Config(exempt="capture_disabled=/?*"))
+    cgguard.install(config)
+    expected = (
+        f"cgguard: {catch_all_line('capture_disabled=/?*', 'capture_disabled')}\n"
+        f"cgguard: {catch_all_line('nested_capture=**/*', 'nested_capture')}\n",
+        ("capture_disabled=/?*", "nested_capture=**/*"),
+    )
+    assert expected == (capsys.readouterr().err, cgguard.status().exemptions)
+
+
+@pytest.mark.subprocess
+def test_runner_catch_all_is_one_warning_in_the_program() -> None:
+    """cgguard run --exempt with a catch-all runs the program, which says so in one line."""
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "cgguard", "run", "--exempt", "capture_disabled=*/*"),
+            *(sys.executable, "-c", "import torch; print('ran')"),
+        ],
+        env=clean_environ(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    line = catch_all_line("capture_disabled=*/*", "capture_disabled")
+    assert (0, "ran\n", f"cgguard: {line}\n") == (done.returncode, done.stdout, done.stderr)

@@ -5,11 +5,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import TYPE_CHECKING
 
 import pytest
+from helpers import clean_environ
 
 from cgguard import _settings
 from cgguard._rules import ACTIONS
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 TRUE_SPELLINGS = ["1", "true", "yes", "on", "TRUE", "Yes", "oN", " on ", "\ttrue\n"]
 FALSE_SPELLINGS = ["0", "false", "no", "off", "FALSE", "No", "oFf", " 0 ", "\tno\n"]
@@ -464,3 +469,44 @@ def test_the_report_owner_mark_is_no_unknown_variable() -> None:
     """CGGUARD_REPORT_OWNER, which cgguard sets for the children of a report's writer, is no
     mistake to warn about."""
     assert _settings.read({"CGGUARD_REPORT_OWNER": "12"})[2] == []
+
+
+@pytest.mark.subprocess
+def test_exemptions_at_start_up_load_only_the_standard_library(tmp_path: Path) -> None:
+    """Activated with exemptions, a bad one and a catch-all among them, in the variable and a
+    file: start-up warns and loads cgguard's parsers alone, no typing, dataclasses, json or re."""
+    path = tmp_path / "exemptions"
+    path.write_text("capture_disabled=*/*\noops\n")
+    env = clean_environ(
+        CGGUARD_ENABLED="1",
+        CGGUARD_EXEMPT="nested_capture=pkg.mod:f",
+        CGGUARD_EXEMPT_FILE=str(path),
+    )
+    code = "import sys\nprint('\\n'.join(sorted(sys.modules)))"
+
+    def modules(environ: dict[str, str]) -> tuple[set[str], str]:
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=environ, capture_output=True, text=True, check=True
+        )
+        return set(done.stdout.split()), done.stderr
+
+    bare, _ = modules(clean_environ())
+    loaded, stderr = modules(env)
+    expected = (
+        [
+            "cgguard",
+            "cgguard._errors",
+            "cgguard._exempt_syntax",
+            "cgguard._rules",
+            "cgguard._settings",
+            "cgguard._startup",
+            "cgguard._warn",
+        ],
+        f"cgguard: ignoring the exemption 'oops' in {str(path)!r} line 2: not RULE=PLACE; an "
+        "entry is RULE=PLACE, PLACE a module (torch._inductor.), a file glob with a '/' "
+        "(*/kernels.py) or a function (module:qualname)\n"
+        "cgguard: the exemption 'capture_disabled=*/*' matches every file: it exempts every "
+        "capture from capture_disabled; an exemption meant for one place names its file "
+        "(*/vllm_plugin/kernels.py), module or module:qualname\n",
+    )
+    assert expected == (sorted(loaded - bare), stderr)

@@ -229,3 +229,34 @@ def test_startup_imports_nothing_of_cgguard_above_it() -> None:
         ["cgguard._warn"],
     )
     assert _startup.CHECK_ENVIRONMENT == "cgguard._settings:activation_says_on"
+
+
+def test_an_exemptions_file_is_parsed_once_from_start_up_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The start-up check's parse of CGGUARD_EXEMPT_FILE is the one install() uses: each entry
+    is parsed once, its mistake said once, and the file's exemptions are in effect."""
+    import torch
+
+    import cgguard
+    from cgguard import _activation, _exempt_syntax, _settings
+
+    path = tmp_path / "exemptions"
+    path.write_text("capture_disabled=pkg.mod:Kernel.run\noops\nnested_capture=*/kernels.py\n")
+    parsed: list[str] = []
+    real = _exempt_syntax.parse_entry
+    monkeypatch.setattr(
+        _exempt_syntax, "parse_entry", lambda entry: parsed.append(entry) or real(entry)
+    )
+    monkeypatch.setenv("CGGUARD_ENABLED", "1")
+    monkeypatch.setenv("CGGUARD_EXEMPT_FILE", str(path))
+    _settings.activation_says_on(default=False)  # what activation checks at start-up
+    _activation.on_torch_import(torch)  # what it does once torch is imported
+    expected = (
+        ["capture_disabled=pkg.mod:Kernel.run", "oops", "nested_capture=*/kernels.py"],
+        ("capture_disabled=pkg.mod:Kernel.run", "nested_capture=*/kernels.py"),
+        f"cgguard: ignoring the exemption 'oops' in {str(path)!r} line 2: not RULE=PLACE; an "
+        "entry is RULE=PLACE, PLACE a module (torch._inductor.), a file glob with a '/' "
+        "(*/kernels.py) or a function (module:qualname)\n",
+    )
+    assert expected == (parsed, cgguard.status().exemptions, capsys.readouterr().err)
