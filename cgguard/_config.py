@@ -11,6 +11,7 @@ from cgguard import _exempt_syntax, _settings
 from cgguard._errors import ConfigError
 from cgguard._rules import ACTIONS, NAMES, RULES
 from cgguard._settings import BOOL, EXEMPT, PATH, SETTINGS, Setting, is_path, shown
+from cgguard._text import plain
 from cgguard._warn import warn_once
 
 Mode = Literal["raise", "log"]
@@ -164,20 +165,12 @@ def _plain(setting: Setting, value: object) -> object:
         return None if setting.default is None else _REFUSED
     if setting.choices is PATH and hasattr(type(value), "__fspath__"):
         value = os.fspath(cast("os.PathLike[str]", value))  # str, or bytes that _text refuses
-    text = _text(value)
+    text = plain(value)
     if text is None:
         return _REFUSED
     if setting.choices is PATH:
         return text if is_path(text) else _REFUSED
     return text if text in setting.choices else _REFUSED
-
-
-def _text(value: object) -> str | None:
-    """``value`` as a plain str if it is a str (a subclass, a str-valued Enum), else None."""
-    # type(), not isinstance(): an object's __class__ may claim str without it being one.
-    if not issubclass(type(value), str):
-        return None
-    return str.__str__(value)  # the plain copy of a subclass's text
 
 
 def _refused(setting: Setting, value: object) -> ConfigError:
@@ -220,7 +213,7 @@ def _checked_rules(rules: object) -> Rules:
         raise _not_a_mapping(rules)
     kept: dict[str, Action] = {}
     for rule, action in items:
-        name, chosen = _text(rule), _text(action)
+        name, chosen = plain(rule), plain(action)
         if name not in RULES or chosen not in ACTIONS:
             raise ConfigError(
                 f"Config(rules={{{shown(rule)}: {shown(action)}}}): accepted rules are "

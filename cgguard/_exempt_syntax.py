@@ -19,6 +19,7 @@ import os
 import stat
 
 from cgguard._rules import NAMES
+from cgguard._text import plain
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -235,14 +236,14 @@ def normalize(value: object) -> "tuple[Pair, ...]":
 
 def _candidates(value: object) -> "Iterable[tuple[object, object]]":
     """The (rule, place) candidates ``value`` gives, not yet checked."""
-    if _is_text(value):
+    if plain(value) is not None:
         yield from _entries(str.__str__(value))  # a str, just checked
         return
     from collections.abc import Iterable, Mapping  # not at start-up: Config only
 
     if isinstance(value, Mapping):
         for rule, places in value.items():
-            if _is_text(places) or not isinstance(places, Iterable):
+            if plain(places) is not None or not isinstance(places, Iterable):
                 yield rule, places
             else:
                 yield from ((rule, place) for place in places)
@@ -250,7 +251,7 @@ def _candidates(value: object) -> "Iterable[tuple[object, object]]":
     if not isinstance(value, Iterable) or isinstance(value, (bytes, bytearray)):
         raise EntryError(value, "not a str, a sequence of entries or a mapping")
     for item in value:
-        if _is_text(item):
+        if plain(item) is not None:
             yield from _entries(str.__str__(item))
         elif isinstance(item, tuple) and len(item) == 2:
             yield item[0], item[1]
@@ -269,15 +270,10 @@ def _entries(value: str) -> "Iterable[tuple[object, object]]":
 
 
 def _checked_pair(rule: object, place: object) -> "Pair":
-    if not _is_text(rule) or not _is_text(place):
+    if plain(rule) is None or plain(place) is None:
         raise EntryError((rule, place), "a rule and a place are each a str")
     entry = f"{str.__str__(rule).strip()}={str.__str__(place).strip()}"
     try:
         return parse_entry(entry)
     except ValueError as exc:
         raise EntryError(entry, str(exc)) from None
-
-
-def _is_text(value: object) -> bool:
-    # type(), not isinstance(): an object's __class__ may claim str without it being one.
-    return issubclass(type(value), str)

@@ -500,6 +500,7 @@ def test_exemptions_at_start_up_load_only_the_standard_library(tmp_path: Path) -
             "cgguard._rules",
             "cgguard._settings",
             "cgguard._startup",
+            "cgguard._text",
             "cgguard._warn",
         ],
         f"cgguard: ignoring the exemption 'oops' in {str(path)!r} line 2: not RULE=PLACE; an "
