@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from cgguard._frames import format_frames
 from cgguard._log import format_stacks
 from cgguard._rules import NAMES
+from cgguard._safe_text import markdown, safe, shown
 from cgguard._schema import RANK_KEYS
-from cgguard._settings import shown
+from cgguard._settings import shown as quoted
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -108,14 +109,14 @@ def collect(paths: Sequence[str]) -> list[str]:
         elif any(magic in path for magic in _GLOB_MAGIC):
             matches = sorted(glob.glob(path, recursive=True))
             if not matches:
-                raise ReportError(f"{shown(path)}: no file matches this pattern")
+                raise ReportError(f"{quoted(path)}: no file matches this pattern")
         else:
-            raise ReportError(f"{shown(path)}: no such file or folder")
+            raise ReportError(f"{quoted(path)}: no such file or folder")
         for match in matches:
             if os.path.isdir(match):
                 files = sorted(glob.glob(os.path.join(glob.escape(match), "*.json")))
                 if not files:
-                    raise ReportError(f"{shown(match)}: a folder with no cgguard report (*.json)")
+                    raise ReportError(f"{quoted(match)}: a folder with no cgguard report (*.json)")
             else:
                 files = [match]
             for file in files:
@@ -129,16 +130,16 @@ def load(path: str) -> dict[str, Any]:
         with open(path, encoding="utf-8") as file:
             text = file.read()
     except OSError as exc:
-        raise ReportError(f"{shown(path)}: cannot be read: {exc.strerror or exc}") from None
+        raise ReportError(f"{quoted(path)}: cannot be read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
-        raise ReportError(f"{shown(path)}: not a cgguard report: not UTF-8 text") from None
+        raise ReportError(f"{quoted(path)}: not a cgguard report: not UTF-8 text") from None
     try:
         document = json.loads(text)
     except ValueError as exc:
-        raise ReportError(f"{shown(path)}: not a cgguard report: not JSON ({exc})") from None
+        raise ReportError(f"{quoted(path)}: not a cgguard report: not JSON ({exc})") from None
     problem = _schema_problem(document)
     if problem is not None:
-        raise ReportError(f"{shown(path)}: not a cgguard report: {problem}")
+        raise ReportError(f"{quoted(path)}: not a cgguard report: {problem}")
     return dict(document)
 
 
@@ -384,14 +385,20 @@ def _site_order(site: MergedSite) -> tuple[object, ...]:
 # --- rendering ------------------------------------------------------------------------------
 
 
+# Every text a report holds (names, code, messages, hosts, ranks, paths) came from elsewhere:
+# each is shown safe (cgguard._safe_text) before it is put in a line.
+
+
 def _where(top: FrameInfo | None) -> str:
-    return f"{top['file']}:{top['line']} (in {top['function']})" if top else "an unknown site"
+    if not top:
+        return "an unknown site"
+    return f"{shown(top['file'])}:{top['line']} (in {shown(top['function'])})"
 
 
 def _who(process: Process | Hit) -> str:
-    parts = [process["host"] or _UNKNOWN_HOST, f"pid {process['pid']}"]
+    parts = [shown(process["host"]) or _UNKNOWN_HOST, f"pid {process['pid']}"]
     if process["rank"] is not None:
-        parts.append(f"rank {process['rank']}")
+        parts.append(f"rank {shown(process['rank'])}")
     return " ".join(parts)
 
 
@@ -417,8 +424,8 @@ def _headline(merged: Merged) -> str:
 
 def _exempted_line(site: MergedExempted) -> str:
     return (
-        f"{site['rule']} at {_where(site['site'])}: {site['count']} exempted by "
-        f"{site['exemption']}, in "
+        f"{shown(site['rule'])} at {_where(site['site'])}: {site['count']} exempted by "
+        f"{shown(site['exemption'])}, in "
         + ", ".join(f"{_who(h)} ({h['count']})" for h in site["processes"])
     )
 
@@ -441,16 +448,16 @@ def _ranks(process: Process) -> list[tuple[str, int | str | None]]:
 
 
 def _process_line(process: Process) -> str:
-    ranks = " ".join(f"{key} {value}" for key, value in _ranks(process) if value is not None)
+    ranks = " ".join(f"{key} {shown(value)}" for key, value in _ranks(process) if value is not None)
     found = (
-        ", ".join(f"{rule} {count}" for rule, count in process["totals"].items())
+        ", ".join(f"{shown(rule)} {count}" for rule, count in process["totals"].items())
         if process["violations"]
         else "no violation"
     )
     if process["exempted"]:
         found += f" ({process['exempted']} exempted)"
-    head = f"{process['host'] or _UNKNOWN_HOST} pid {process['pid']}"
-    return "  ".join(part for part in (head, ranks, found, process["report"]) if part)
+    head = f"{shown(process['host']) or _UNKNOWN_HOST} pid {process['pid']}"
+    return "  ".join(part for part in (head, ranks, found, shown(process["report"])) if part)
 
 
 def render_text(merged: Merged) -> str:
@@ -459,13 +466,14 @@ def render_text(merged: Merged) -> str:
     for site in merged["violations"]:
         lines += [
             "",
-            f"{site['rule']} at {_where(site['site'])}: {site['count']} in "
+            f"{shown(site['rule'])} at {_where(site['site'])}: {site['count']} in "
             f"{_plural(len(site['processes']), 'process')}",
         ]
         lines += [f"  {_who(hit)}: {hit['count']}" for hit in site["processes"]]
-        lines.append(f"  {site['first'].get('message', '')}")
+        lines.append(f"  {shown(site['first'].get('message', ''))}")
+        # format_frames made the stacks safe: each "\n" is one of their own line breaks.
         stacks = _stacks(dict(site["first"]))
-        lines += [f"  {line}" if line else "" for line in stacks.splitlines()]
+        lines += [f"  {line}" if line else "" for line in stacks.split("\n")]
     if merged["exempted"]:
         lines += ["", "exempted:"]
         lines += [f"  {_exempted_line(site)}" for site in merged["exempted"]]
@@ -480,9 +488,9 @@ def render_json(merged: Merged) -> str:
 
 
 def _cell(value: object) -> str:
-    # A table cell is one line, and a bare | would end it.
-    text = "" if value is None else str(value)
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    # A table cell is one line of literal text: no line break (\r included), no bare |, no
+    # link or HTML of its own.
+    return markdown(shown(value))
 
 
 def _row(cells: Sequence[object]) -> str:
@@ -493,13 +501,15 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]
     return [_row(header), _row(["---"] * len(header)), *(_row(row) for row in rows)]
 
 
-def _fence(text: str) -> str:
-    # Longer than any line of backticks inside (indented or not), so that the block cannot end
-    # early.
-    runs = (line.strip() for line in text.split("\n"))
+def _fence(lines: Sequence[str]) -> str:
+    # Each line safe, so that the only line breaks are those between them (a \r would end a
+    # line for CommonMark too); the fence longer than any line of backticks inside (indented
+    # or not), so that the block cannot end early.
+    lines = [safe(line) for line in lines]
+    runs = (line.strip() for line in lines)
     longest = max((len(run) for run in runs if set(run) == {"`"}), default=0)
     ticks = "`" * max(3, longest + 1)
-    return f"{ticks}text\n{text}\n{ticks}"
+    return "\n".join((f"{ticks}text", *lines, ticks))
 
 
 def render_markdown(merged: Merged) -> str:
@@ -520,9 +530,12 @@ def render_markdown(merged: Merged) -> str:
             ],
         )
         for site in merged["violations"]:
-            lines += ["", f"### {site['rule']} at {_where(site['site'])}", ""]
-            lines.append(_cell(site["first"].get("message", "")))
-            lines += ["", _fence(_stacks(dict(site["first"])))]
+            heading = f"{_cell(site['rule'])} at {_cell(_where(site['site']))}"
+            # The message with the stacks, as the terminal shows them: in a code block, where
+            # nothing it holds is read as Markdown.
+            message = shown(site["first"].get("message", ""))
+            stacks = _stacks(dict(site["first"])).split("\n")
+            lines += ["", f"### {heading}", "", _fence([message, *stacks])]
     if merged["exempted"]:
         lines += ["", "## Exempted", ""]
         lines += _table(

@@ -330,7 +330,8 @@ def table(lines: list[str], heading: str) -> list[list[str]]:
 
 
 def test_markdown_tables_parse(job: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Markdown: a violations table, each site's stacks fenced, a processes table."""
+    """Markdown: a violations table, each site's message and stacks fenced, a processes
+    table."""
     write(job, "r-303.json", document(303, [], host="node|c", rank=3))
     status, out, err = run(capsys, "--format", "Markdown", str(job))
     assert (status, err) == (1, "")
@@ -356,9 +357,12 @@ def test_markdown_tables_parse(job: Path, capsys: pytest.CaptureFixture[str]) ->
         ["node|c", "303", "3", "", "", "0", "0", str(job / "r-303.json")],
         ["unknown host", "100", "", "", "", "0", "0", str(job / "r-100.json")],
     ]
-    section = lines.index("### nested_capture at /job/fused.py:7 (in fuse)")
-    assert lines[section + 4 : section + 15] == [
+    section = lines.index("### nested\\_capture at /job/fused.py:7 (in fuse)")
+    assert lines[section + 2 : section + 14] == [
         "```text",
+        "Nested CUDA graph capture is not supported: torch.cuda.graph at /job/fused.py:7 "
+        "(in fuse) began a capture while this thread's capture begun at /job/train.py:39 "
+        "(in step) via torch.cuda.graph is still active.",
         "The capture was attempted at (most recent call last):",
         '  File "/job/train.py", line 90, in <module>',
         "    main()",
@@ -600,8 +604,9 @@ def test_a_fence_in_the_code_does_not_end_the_markdown_block(
     _, out, _ = run(capsys, "--format", "markdown", str(tmp_path))
     lines = out.splitlines()
     start = lines.index("````text")
-    assert lines[start : start + 5] == [
+    assert lines[start : start + 6] == [
         "````text",
+        "m",
         "The call was made at (most recent call last):",
         '  File "/job/doc.py", line 3, in f',
         "    ```",
@@ -704,3 +709,108 @@ def test_an_exempted_entry_without_its_exemption_is_not_a_report(
     assert (status, out) == (2, "")
     assert '"exemption" is not text' in err
     assert str(path) in err
+
+
+# What a name made by exec, or a report from another machine, may hold: a window title, a
+# clear screen, hidden text, a bidi override.
+TITLE, CLEAR, HIDE, BIDI = "\x1b]0;owned\x07", "\x1b[2J", "\x1b[8m", "\u202e"
+HOSTILE_FRAME = frame(f"/job/{CLEAR}gen.py", 3, f"st{BIDI}ep", f"run(){HIDE}")
+
+
+def hostile_report(tmp_path: Path) -> Path:
+    """A report whose every name holds what a terminal acts on, in a file named so too."""
+    event = disabled_event(7, 0, "2026-12-01T05:00:01.000000Z")
+    event.update(
+        message=f"began{HIDE} all clear",
+        stack=[HOSTILE_FRAME],
+        disabled_stack=[frame("/job/a.py", 1, f"off{TITLE}", "x\ny")],
+    )
+    report = document(7, [{"rule": "capture_disabled", "count": 2, "first": event}])
+    report.update(host=f"node{TITLE}", rank=f"{HIDE}0")
+    report["exempted_totals"] = {"capture_disabled": 1}
+    entry = exempted_entry(1)
+    entry["exemption"] = entry["first"]["exemption"] = f"capture_disabled=x{CLEAR}"
+    entry["first"]["stack"] = [HOSTILE_FRAME]
+    report["exempted"] = [entry]
+    return write(tmp_path, f"r{TITLE}.json", report)
+
+
+def test_text_escapes_what_a_terminal_acts_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every name from a report (host, rank, file, function, code, message, exemption, the
+    report's own path) is shown with its control characters and bidi overrides escaped."""
+    path = hostile_report(tmp_path)
+    status, out, err = run(capsys, str(path))
+    shown_path = str(path).replace(TITLE, "\\x1b]0;owned\\x07")
+    assert (status, err) == (1, "")
+    assert out.split("\n") == [
+        "cgguard report: 1 process on 1 host: 2 violations at 1 site; 1 exempted",
+        "",
+        "capture_disabled at /job/\\x1b[2Jgen.py:3 (in st\\u202eep): 2 in 1 process",
+        "  node\\x1b]0;owned\\x07 pid 7 rank \\x1b[8m0: 2",
+        "  began\\x1b[8m all clear",
+        "  The capture was attempted at (most recent call last):",
+        '    File "/job/\\x1b[2Jgen.py", line 3, in st\\u202eep',
+        "      run()\\x1b[8m",
+        "",
+        "  Capture was disabled at (most recent call last):",
+        '    File "/job/a.py", line 1, in off\\x1b]0;owned\\x07',
+        "      x\\ny",
+        "",
+        "exempted:",
+        "  capture_disabled at /job/\\x1b[2Jgen.py:3 (in st\\u202eep): 1 exempted by "
+        "capture_disabled=x\\x1b[2J, in node\\x1b]0;owned\\x07 pid 7 rank \\x1b[8m0 (1)",
+        "",
+        "processes:",
+        "  node\\x1b]0;owned\\x07 pid 7  rank \\x1b[8m0  capture_disabled 2 (1 exempted)  "
+        f"{shown_path}",
+        "",
+    ]
+
+
+def test_markdown_keeps_names_literal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Markdown: names from a report cannot end a cell, a heading or the code block, nor make
+    a link, raw HTML or a heading of their own; \\r no more than \\n."""
+    event = disabled_event(7, 0, "2026-12-01T05:00:01.000000Z")
+    del event["disabled_stack"]
+    event.update(
+        message="done\r\n# all clear\n```",
+        stack=[frame("/job/[all clear](https://x).py", 3, "f\r## all clear", "\r```\n# ok")],
+    )
+    report = document(7, [{"rule": "capture_disabled", "count": 1, "first": event}])
+    report["host"] = "evil|<b>x</b>"
+    write(tmp_path, "r.json", report)
+    status, out, _ = run(capsys, "--format", "markdown", str(tmp_path))
+    where = "/job/\\[all clear\\](https://x).py:3 (in f\\\\r\\#\\# all clear)"
+    report_cell = str(tmp_path / "r.json").replace("_", "\\_")
+    assert (status, out.split("\n")) == (
+        1,
+        [
+            "# cgguard report",
+            "",
+            "1 process on 1 host: 1 violation at 1 site.",
+            "",
+            "## Violations",
+            "",
+            "| rule | site | count | processes |",
+            "| --- | --- | --- | --- |",
+            f"| capture\\_disabled | {where} | 1 | evil\\|\\<b\\>x\\</b\\> pid 7 (1) |",
+            "",
+            f"### capture\\_disabled at {where}",
+            "",
+            "```text",
+            "done\\r\\n# all clear\\n```",
+            "The capture was attempted at (most recent call last):",
+            '  File "/job/[all clear](https://x).py", line 3, in f\\r## all clear',
+            "    \\r```\\n# ok",
+            "```",
+            "",
+            "## Processes",
+            "",
+            "| host | pid | rank | local\\_rank | world\\_size | violations | exempted | report |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            f"| evil\\|\\<b\\>x\\</b\\> | 7 |  |  |  | 1 | 0 | {report_cell} |",
+            "",
+        ],
+    )
