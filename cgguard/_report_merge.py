@@ -17,7 +17,8 @@ from cgguard._frames import format_frames
 from cgguard._log import format_stacks
 from cgguard._rules import NAMES
 from cgguard._safe_text import markdown, safe, shown
-from cgguard._schema import RANK_KEYS
+from cgguard._schema import RANK_KEYS, REPORT_SCHEMA, ReportDocument
+from cgguard._schema import problem as schema_problem
 from cgguard._settings import shown as quoted
 
 if TYPE_CHECKING:
@@ -137,86 +138,15 @@ def load(path: str) -> dict[str, Any]:
         document = json.loads(text)
     except ValueError as exc:
         raise ReportError(f"{quoted(path)}: not a cgguard report: not JSON ({exc})") from None
-    problem = _schema_problem(document)
+    problem = schema_problem(document, ReportDocument)
+    if problem is None and document.get("schema", REPORT_SCHEMA) > REPORT_SCHEMA:
+        problem = (
+            f"of report schema {document['schema']}, which this cgguard cannot read "
+            f"(it reads schema {REPORT_SCHEMA})"
+        )
     if problem is not None:
         raise ReportError(f"{quoted(path)}: not a cgguard report: {problem}")
     return dict(document)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _schema_problem(document: object) -> str | None:
-    """What makes ``document`` something other than a cgguard report, or None."""
-    if not isinstance(document, dict):
-        return f"a JSON {type(document).__name__}, not an object"
-    get = document.get
-    totals, violations = get("totals"), get("violations")
-    checks = [
-        (isinstance(get("cgguard"), str), 'no "cgguard" version'),
-        (_is_int(get("pid")), '"pid" is not a whole number'),
-        (get("host") is None or isinstance(get("host"), str), '"host" is not text'),
-        *(
-            (
-                get(key) is None or _is_int(get(key)) or isinstance(get(key), str),
-                f'"{key}" is neither a number nor text',
-            )
-            for key in RANK_KEYS
-        ),
-        (
-            isinstance(totals, dict) and all(_is_int(n) for n in totals.values()),
-            '"totals" is not an object of counts',
-        ),
-        (isinstance(violations, list), '"violations" is not a list'),
-        # Reports written before exemptions existed have neither key.
-        (
-            isinstance(get("exempted_totals", {}), dict)
-            and all(_is_int(n) for n in get("exempted_totals", {}).values()),
-            '"exempted_totals" is not an object of counts',
-        ),
-        (isinstance(get("exempted", []), list), '"exempted" is not a list'),
-    ]
-    for ok, problem in checks:
-        if not ok:
-            return problem
-    for i, violation in enumerate(violations or ()):
-        found = _violation_problem(violation)
-        if found is not None:
-            return f"violations[{i}]: {found}"
-    for i, exempted in enumerate(get("exempted", [])):
-        found = _violation_problem(exempted)
-        if found is None and not isinstance(exempted.get("exemption"), str):
-            found = '"exemption" is not text'
-        if found is not None:
-            return f"exempted[{i}]: {found}"
-    return None
-
-
-def _violation_problem(violation: object) -> str | None:
-    if not isinstance(violation, dict):
-        return "not an object"
-    if not isinstance(violation.get("rule"), str):
-        return '"rule" is not text'
-    count = violation.get("count")
-    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-        return '"count" is not a positive whole number'
-    first = violation.get("first")
-    if not isinstance(first, dict):
-        return '"first" is not an event'
-    stack = first.get("stack")
-    if not isinstance(stack, list) or not all(_is_frame(frame) for frame in stack):
-        return '"first" has no stack of frames'
-    return None
-
-
-def _is_frame(frame: object) -> bool:
-    return (
-        isinstance(frame, dict)
-        and isinstance(frame.get("file"), str)
-        and _is_int(frame.get("line"))
-        and isinstance(frame.get("function"), str)
-    )
 
 
 # --- merging --------------------------------------------------------------------------------
@@ -231,7 +161,8 @@ def merge(reports: Sequence[tuple[str, dict[str, Any]]]) -> Merged:
         processes.append(process)
         for violation in document["violations"]:
             first = violation["first"]
-            stack = first["stack"]
+            # A first event is a full one, with its stack; one without is at an unknown site.
+            stack = first.get("stack")
             top: FrameInfo | None = stack[-1] if stack else None
             key = (
                 violation["rule"],
@@ -439,6 +370,11 @@ def _stacks(event: dict[str, Any]) -> str:
     return "The call was made at (most recent call last):\n" + format_frames(event["stack"])
 
 
+def _lines(text: str) -> list[str]:
+    # Only "\n": the text is safe, so it holds no other line break of its own.
+    return text.split("\n") if text else []
+
+
 def _ranks(process: Process) -> list[tuple[str, int | str | None]]:
     return [
         ("rank", process["rank"]),
@@ -473,7 +409,7 @@ def render_text(merged: Merged) -> str:
         lines.append(f"  {shown(site['first'].get('message', ''))}")
         # format_frames made the stacks safe: each "\n" is one of their own line breaks.
         stacks = _stacks(dict(site["first"]))
-        lines += [f"  {line}" if line else "" for line in stacks.split("\n")]
+        lines += [f"  {line}" if line else "" for line in _lines(stacks)]
     if merged["exempted"]:
         lines += ["", "exempted:"]
         lines += [f"  {_exempted_line(site)}" for site in merged["exempted"]]
@@ -534,7 +470,7 @@ def render_markdown(merged: Merged) -> str:
             # The message with the stacks, as the terminal shows them: in a code block, where
             # nothing it holds is read as Markdown.
             message = shown(site["first"].get("message", ""))
-            stacks = _stacks(dict(site["first"])).split("\n")
+            stacks = _lines(_stacks(dict(site["first"])))
             lines += ["", f"### {heading}", "", _fence([message, *stacks])]
     if merged["exempted"]:
         lines += ["", "## Exempted", ""]
