@@ -7,11 +7,13 @@ list every process that was guarded, those without a violation included.
 
 from __future__ import annotations
 
-import glob
+import contextlib
+import fnmatch
 import json
 import os
+import stat
 import sys
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, TextIO, TypedDict
 
 from cgguard._frames import format_frames
 from cgguard._log import format_stacks
@@ -22,7 +24,7 @@ from cgguard._schema import problem as schema_problem
 from cgguard._settings import shown as quoted
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Iterable, Iterator, Mapping, Sequence
 
     from cgguard._frames import FrameInfo
     from cgguard._schema import ViolationEvent
@@ -30,6 +32,9 @@ if TYPE_CHECKING:
 FORMATS = ("text", "json", "markdown")
 _UNKNOWN_HOST = "unknown host"  # a report written before reports carried the host name
 _GLOB_MAGIC = ("*", "?", "[")
+# The most of one report read, unless --max-bytes says otherwise: a report of a million sites
+# is about 400 MB, and anything larger is more likely a wrong path than a report.
+MAX_BYTES = 1 << 30
 
 
 class ReportError(Exception):
@@ -105,17 +110,17 @@ def collect(paths: Sequence[str]) -> list[str]:
     """
     found: dict[str, str] = {}  # by real path, so that a file named twice is read once
     for path in paths:
-        if os.path.exists(path):
+        if os.path.lexists(path):
             matches = [path]
         elif any(magic in path for magic in _GLOB_MAGIC):
-            matches = sorted(glob.glob(path, recursive=True))
+            matches = sorted(set(_expand(path)))
             if not matches:
                 raise ReportError(f"{quoted(path)}: no file matches this pattern")
         else:
             raise ReportError(f"{quoted(path)}: no such file or folder")
         for match in matches:
             if os.path.isdir(match):
-                files = sorted(glob.glob(os.path.join(glob.escape(match), "*.json")))
+                files = _folder(match)
                 if not files:
                     raise ReportError(f"{quoted(match)}: a folder with no cgguard report (*.json)")
             else:
@@ -125,19 +130,123 @@ def collect(paths: Sequence[str]) -> list[str]:
     return list(found.values())
 
 
-def load(path: str) -> dict[str, Any]:
-    """One report, checked against the report's schema; ReportError if it is not one."""
+def _folder(folder: str) -> list[str]:
+    """A folder's ``*.json`` entries, sorted, hidden ones left out as a shell's ``*`` does.
+
+    Not its subfolders'. Whatever is named so is listed, a FIFO or a folder too: load()
+    refuses what is not a regular file, naming it, rather than skip it unseen.
+    """
+    with os.scandir(folder) as entries:
+        names = [e.name for e in entries if e.name.endswith(".json") and e.name[0] != "."]
+    return [os.path.join(folder, name) for name in sorted(names)]
+
+
+def _expand(pattern: str) -> Iterator[str]:
+    """The paths a glob pattern matches, as ``glob.glob(pattern, recursive=True)`` finds them,
+    except that ``**`` never enters a symlinked folder.
+
+    glob's ``**`` follows links to folders, so a link to a folder above it walks in circles
+    until the patience of whoever waits runs out; two such links, exponentially. Real folders
+    make a finite tree. A link named by the pattern's other parts is followed, as glob does.
+    """
+    root = os.sep if pattern.startswith(os.sep) else ""
+    parts = [part for part in pattern.split(os.sep) if part]
+    return _matches(root, parts)
+
+
+def _matches(base: str, parts: list[str]) -> Iterator[str]:
+    if not parts:
+        yield base
+        return
+    part, rest = parts[0], parts[1:]
+    if part == "**":
+        # No folder, or one more real folder, with the ** still to match.
+        yield from _matches(base, rest)
+        for entry in _entries(base):
+            if entry.name[0] != "." and entry.is_dir(follow_symlinks=False):
+                yield from _matches(entry.path, parts)
+    elif any(magic in part for magic in _GLOB_MAGIC):
+        hidden = part[0] == "."  # glob's wildcards match a leading dot only when written
+        for entry in _entries(base):
+            if (hidden or entry.name[0] != ".") and fnmatch.fnmatchcase(entry.name, part):
+                if not rest:
+                    yield entry.path
+                elif entry.is_dir():
+                    yield from _matches(entry.path, rest)
+    else:
+        path = os.path.join(base, part)
+        if rest and os.path.isdir(path):
+            yield from _matches(path, rest)
+        elif not rest and os.path.lexists(path):
+            yield path
+
+
+def _entries(folder: str) -> list[os.DirEntry[str]]:
+    # A folder that cannot be listed matches nothing, as with glob.
     try:
-        with open(path, encoding="utf-8") as file:
-            text = file.read()
+        with os.scandir(folder or os.curdir) as entries:
+            return list(entries)
+    except OSError:
+        return []
+
+
+# What a path that is not a regular file is, for the message that refuses it.
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _read(path: str, max_bytes: int) -> bytes:
+    """The bytes of the regular file at ``path``, at most ``max_bytes`` of them."""
+    try:
+        # O_NONBLOCK: a FIFO at the path would block a plain open until a writer came. What
+        # the open file is decides, not a stat of the path before it.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | os.O_CLOEXEC)
+        try:
+            status = os.fstat(fd)
+            if not stat.S_ISREG(status.st_mode):
+                kind = next((name for test, name in _KINDS if test(status.st_mode)), "unknown")
+                raise ReportError(f"{quoted(path)}: not a regular file ({kind})")
+            if status.st_size > max_bytes:
+                raise ReportError(_too_large(path, max_bytes))
+            with open(fd, "rb", buffering=0, closefd=False) as file:
+                # One read of the size stat gave, and more only if the file grew since.
+                data = file.read(status.st_size + 1) or b""
+                while len(data) <= max_bytes and (more := file.read(1 << 20)):
+                    data += more
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise ReportError(f"{quoted(path)}: cannot be read: {exc.strerror or exc}") from None
+    if len(data) > max_bytes:
+        raise ReportError(_too_large(path, max_bytes))
+    return data
+
+
+def _too_large(path: str, max_bytes: int) -> str:
+    return f"{quoted(path)}: larger than {max_bytes} bytes (--max-bytes raises the limit)"
+
+
+def load(path: str, max_bytes: int = MAX_BYTES) -> dict[str, Any]:
+    """One report, checked against the report's schema; ReportError if it is not one."""
+    data = _read(path, max_bytes)
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise ReportError(f"{quoted(path)}: not a cgguard report: not UTF-8 text") from None
+    del data  # the text alone is kept while parsing: a report may be hundreds of MB
     try:
         document = json.loads(text)
+    except RecursionError:
+        message = "not a cgguard report: not JSON (nested too deeply)"
+        raise ReportError(f"{quoted(path)}: {message}") from None
     except ValueError as exc:
         raise ReportError(f"{quoted(path)}: not a cgguard report: not JSON ({exc})") from None
+    del text
     problem = schema_problem(document, ReportDocument)
     if problem is None and document.get("schema", REPORT_SCHEMA) > REPORT_SCHEMA:
         problem = (
@@ -508,13 +617,45 @@ def render_markdown(merged: Merged) -> str:
 _RENDERERS = {"text": render_text, "json": render_json, "markdown": render_markdown}
 
 
+def _byte_count(text: str) -> int:
+    """--max-bytes: a whole number of bytes above 0."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of bytes above 0")
+    return value
+
+
+@contextlib.contextmanager
+def _escaping(*streams: TextIO) -> Iterator[None]:
+    """Within: what a stream's encoding cannot hold is written as a backslash escape.
+
+    Names are already safe (printable), but printable is not ASCII: a host name in Greek on
+    a terminal whose encoding is ASCII would raise UnicodeEncodeError mid-report otherwise.
+    """
+    changed = []
+    for stream in streams:
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+            changed.append(stream)
+    try:
+        yield
+    finally:
+        for stream in changed:
+            stream.reconfigure(errors="strict")
+
+
 def main(argv: Sequence[str]) -> int:
     """``cgguard report``: 1 when any violation is present, 0 when none, 2 on a bad path."""
     from cgguard._runner import Parser
 
     parser = Parser(
         prog="cgguard report",
-        usage="cgguard report [--format {text,json,markdown}] PATH [PATH ...]",
+        usage="cgguard report [--format {text,json,markdown}] [--max-bytes N] PATH [PATH ...]",
         description="Merge the JSON reports of a job's processes: report files, folders "
         "(their *.json files) and glob patterns. Exit status 1 when any violation is "
         "present, 0 when none, 2 when a path is not a readable cgguard report.",
@@ -526,13 +667,26 @@ def main(argv: Sequence[str]) -> int:
         default="text",
         help="text (default), json or markdown; case-insensitive",
     )
+    parser.add_argument(
+        "--max-bytes",
+        type=_byte_count,
+        default=MAX_BYTES,
+        metavar="N",
+        help=f"refuse a report larger than N bytes (default {MAX_BYTES}, 1 GiB)",
+    )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="a report, folder or glob")
     options = parser.parse_args(argv)
-    try:
-        reports = [(path, load(path)) for path in collect(options.paths)]
-    except ReportError as exc:
-        sys.stderr.write(f"cgguard report: {exc}\n")
-        return 2
-    merged = merge(reports)
-    sys.stdout.write(_RENDERERS[options.format](merged))
+    with _escaping(sys.stdout, sys.stderr):
+        try:
+            reports = [(path, load(path, options.max_bytes)) for path in collect(options.paths)]
+        except ReportError as exc:
+            sys.stderr.write(f"cgguard report: {safe(str(exc))}\n")
+            return 2
+        except MemoryError:
+            # Status 1 would say "violations found": a report too large for this machine is
+            # a report that could not be read.
+            sys.stderr.write("cgguard report: the reports do not fit in memory\n")
+            return 2
+        merged = merge(reports)
+        sys.stdout.write(_RENDERERS[options.format](merged))
     return 1 if merged["totals"] else 0

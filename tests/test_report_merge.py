@@ -520,7 +520,7 @@ def test_paths_that_name_no_report_are_refused(
     """Missing, unreadable, an empty folder, a glob matching nothing, text that is not UTF-8."""
     empty = tmp_path / "empty"
     empty.mkdir()
-    unreadable = tmp_path / "full" / "dir.json"  # a folder named like a report: open() fails
+    unreadable = tmp_path / "full" / "dir.json"  # a folder named like a report
     unreadable.mkdir(parents=True)
     binary = tmp_path / "binary.json"
     binary.write_bytes(b"\xff\xfe{")
@@ -535,7 +535,7 @@ def test_paths_that_name_no_report_are_refused(
     assert run(capsys, str(unreadable.parent)) == (
         2,
         "",
-        f"cgguard report: '{unreadable}': cannot be read: Is a directory\n",
+        f"cgguard report: '{unreadable}': not a regular file (a folder)\n",
     )
 
 
@@ -929,3 +929,139 @@ def test_a_first_event_without_a_stack_is_at_an_unknown_site(
             "",
         ],
     )
+
+
+def report_command(*args: str, **environ: str) -> subprocess.CompletedProcess[str]:
+    """``cgguard report`` in a child, whose memory is bounded, stopped if it takes too long."""
+    import resource
+
+    def bounded() -> None:  # a runaway read fails fast instead of filling the machine
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    return subprocess.run(
+        [sys.executable, "-m", "cgguard", "report", *args],
+        env=clean_environ(**environ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=bounded,  # only setrlimit, in a child started from a test
+        check=False,
+    )
+
+
+@pytest.mark.subprocess
+def test_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """A FIFO given as a path, or named *.json in a folder, is not a report: status 2 at once,
+    naming it, instead of waiting for a writer."""
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    fifo = folder / "r-1.json"
+    os.mkfifo(fifo)
+    for path in (fifo, folder):
+        result = report_command(str(path))
+        assert (result.returncode, result.stdout, result.stderr) == (
+            2,
+            "",
+            f"cgguard report: '{fifo}': not a regular file (a FIFO)\n",
+        )
+
+
+@pytest.mark.subprocess
+def test_a_device_is_refused_not_read(tmp_path: Path) -> None:
+    """/dev/zero is refused before anything is read from it (it never ends)."""
+    result = report_command("/dev/zero")
+    assert (result.returncode, result.stdout, result.stderr) == (
+        2,
+        "",
+        "cgguard report: '/dev/zero': not a regular file (a character device)\n",
+    )
+
+
+def test_a_report_larger_than_the_limit_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Past --max-bytes a file is refused unread, naming the option that raises the limit;
+    at the limit it is read."""
+    path = write(tmp_path, "r.json", REPORT)
+    size = path.stat().st_size
+    assert run(capsys, "--max-bytes", str(size - 1), str(path)) == (
+        2,
+        "",
+        f"cgguard report: '{path}': larger than {size - 1} bytes (--max-bytes raises the limit)\n",
+    )
+    assert run(capsys, "--max-bytes", str(size), str(path))[0] == 0
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1.5", "lots"])
+def test_a_bad_max_bytes_is_refused_by_the_parser(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--max-bytes takes a whole number of bytes above 0."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["report", "--max-bytes", value, "x.json"])
+    assert (stopped.value.code, capsys.readouterr().err.splitlines()[-1]) == (
+        2,
+        f"cgguard report: error: argument --max-bytes: {value!r} is not a whole number of "
+        "bytes above 0",
+    )
+
+
+@pytest.mark.subprocess
+def test_a_recursive_glob_does_not_follow_symlinked_folders(tmp_path: Path) -> None:
+    """``**`` walks real folders only: two symlink loops end, and each report is read once."""
+    top = tmp_path / "job"
+    (top / "node-b").mkdir(parents=True)
+    write(top, "r-1.json", document(1, []))
+    write(top / "node-b", "r-2.json", document(2, [], host="node-b"))
+    (top / "loop").symlink_to(top)
+    (top / "node-b" / "back").symlink_to(top)
+    result = report_command("--format", "json", str(top / "**" / "*.json"))
+    merged = json.loads(result.stdout) if result.returncode == 0 else result.stderr
+    assert [p["report"] for p in merged["processes"]] == [
+        str(top / "r-1.json"),
+        str(top / "node-b" / "r-2.json"),
+    ]
+
+
+def test_a_folder_reads_its_regular_reports_and_refuses_the_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In a folder, a *.json file or a link to one is read; anything else named so is
+    refused, naming it."""
+    write(tmp_path, "r-1.json", document(1, []))
+    (tmp_path / "r-2.json").symlink_to(write(tmp_path, "kept.txt", json.dumps(document(2, []))))
+    status, out, _ = run(capsys, "--format", "json", str(tmp_path))
+    assert (status, [p["pid"] for p in json.loads(out)["processes"]]) == (0, [1, 2])
+    (tmp_path / "sub.json").mkdir()
+    assert run(capsys, str(tmp_path)) == (
+        2,
+        "",
+        f"cgguard report: '{tmp_path / 'sub.json'}': not a regular file (a folder)\n",
+    )
+
+
+def test_deeply_nested_json_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """JSON nested deeper than Python can parse is status 2, naming the file, not a crash."""
+    path = write(tmp_path, "r.json", "[" * 100_000 + "]" * 100_000)
+    assert run(capsys, str(path)) == (
+        2,
+        "",
+        f"cgguard report: '{path}': not a cgguard report: not JSON (nested too deeply)\n",
+    )
+
+
+@pytest.mark.subprocess
+def test_names_no_output_encoding_can_hold_are_escaped(tmp_path: Path) -> None:
+    """A file name that is not UTF-8 (a lone surrogate to Python) and a host name an ASCII
+    terminal cannot show come out escaped, on a strict UTF-8 stdout and on an ASCII one."""
+    folder = os.fsencode(tmp_path)
+    with open(os.path.join(folder, b"r-\xff.json"), "w") as file:
+        json.dump(document(1, [], host="Grüße"), file)
+    shown_path = f"{tmp_path}/r-\\udcff.json"
+    for encoding, host in (("utf-8", "Grüße"), ("ascii", "Gr\\xfc\\xdfe")):
+        result = report_command(str(tmp_path), PYTHONIOENCODING=f"{encoding}:strict")
+        assert (result.returncode, result.stderr, result.stdout.splitlines()[-1]) == (
+            0,
+            "",
+            f"  {host} pid 1  no violation  {shown_path}",
+        ), encoding
