@@ -15,6 +15,7 @@ _ESCAPES: dict[str, str] = {}
 # emphasis, links and images, raw HTML and autolinks, entities, table cells, strikethrough,
 # math, and the closing sequence of a heading.
 _MARKDOWN = frozenset("\\`*_[]<>&|~!$#")
+_MARKDOWN_ESCAPES = str.maketrans({char: "\\" + char for char in _MARKDOWN})
 
 
 def safe(text: str) -> str:
@@ -52,7 +53,4 @@ def markdown(text: str) -> str:
     included, are already escapes: nothing in it can end the cell, make a link, an image, raw
     HTML, emphasis or a code span.
     """
-    text = safe(text)
-    if _MARKDOWN.isdisjoint(text):
-        return text
-    return "".join("\\" + char if char in _MARKDOWN else char for char in text)
+    return safe(text).translate(_MARKDOWN_ESCAPES)
