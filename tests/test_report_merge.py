@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -77,9 +78,10 @@ def nested_event(pid: int, rank: int, timestamp: str) -> dict[str, Any]:
 
 
 def document(
-    pid: int, violations: list[dict[str, Any]], host: str | None = "node-a", **ranks: int
+    pid: int, violations: list[dict[str, Any]], host: str | None = "node-a", **keys: Any
 ) -> dict[str, Any]:
-    """A report as cgguard writes it; ``host=None`` for one written before reports had it."""
+    """A report as cgguard writes it, with its ranks or other ``keys``; ``host=None`` for one
+    written before reports had it."""
     totals: dict[str, int] = {}
     for violation in violations:
         totals[violation["rule"]] = totals.get(violation["rule"], 0) + violation["count"]
@@ -89,11 +91,11 @@ def document(
     return {
         **head,
         "pid": pid,
-        **ranks,
         "written_at": "2026-12-01T05:00:09.000000Z",
         "config": {"mode": "log"},
         "totals": totals,
         "violations": violations,
+        **keys,
     }
 
 
@@ -163,6 +165,8 @@ def expected_json(folder: Path) -> dict[str, Any]:
     return {
         "reports": 4,
         "hosts": ["node-a", "node-b", None],
+        "jobs": [],
+        "written": {"first": "2026-12-01T05:00:09.000000Z", "last": "2026-12-01T05:00:09.000000Z"},
         "totals": {"capture_disabled": 5, "nested_capture": 1},
         "violations": [
             {
@@ -194,6 +198,7 @@ def expected_json(folder: Path) -> dict[str, Any]:
                 "rank": 0,
                 "local_rank": 0,
                 "world_size": 3,
+                "job": None,
                 "violations": 4,
                 "totals": {"capture_disabled": 3, "nested_capture": 1},
                 "exempted": 0,
@@ -207,6 +212,7 @@ def expected_json(folder: Path) -> dict[str, Any]:
                 "rank": 1,
                 "local_rank": 0,
                 "world_size": 3,
+                "job": None,
                 "violations": 2,
                 "totals": {"capture_disabled": 2},
                 "exempted": 0,
@@ -220,6 +226,7 @@ def expected_json(folder: Path) -> dict[str, Any]:
                 "rank": 2,
                 "local_rank": 1,
                 "world_size": 3,
+                "job": None,
                 "violations": 0,
                 "totals": {},
                 "exempted": 0,
@@ -233,6 +240,7 @@ def expected_json(folder: Path) -> dict[str, Any]:
                 "rank": None,
                 "local_rank": None,
                 "world_size": None,
+                "job": None,
                 "violations": 0,
                 "totals": {},
                 "exempted": 0,
@@ -241,6 +249,8 @@ def expected_json(folder: Path) -> dict[str, Any]:
                 "written_at": "2026-12-01T05:00:09.000000Z",
             },
         ],
+        "skipped": [],
+        "same_process": [],
     }
 
 
@@ -262,6 +272,7 @@ def test_text_names_sites_processes_and_stacks(
     assert (status, err) == (1, "")
     assert out.splitlines() == [
         "cgguard report: 4 processes on 3 hosts: 6 violations at 2 sites",
+        "reports written at 2026-12-01T05:00:09.000000Z",
         "",
         "capture_disabled at /job/train.py:40 (in step): 5 in 2 processes",
         "  node-a pid 101 rank 0: 3",
@@ -383,7 +394,8 @@ def test_no_violation_exits_zero(tmp_path: Path, capsys: pytest.CaptureFixture[s
     status, out, err = run(capsys, "--format", "TEXT", str(tmp_path))
     assert (status, out, err) == (
         0,
-        "cgguard report: 2 processes on 1 host: no violation\n\nprocesses:\n"
+        "cgguard report: 2 processes on 1 host: no violation\n"
+        "reports written at 2026-12-01T05:00:09.000000Z\n\nprocesses:\n"
         f"  node-a pid 7  rank 0  no violation  {tmp_path / 'a.json'}\n"
         f"  node-a pid 8  rank 1  no violation  {tmp_path / 'b.json'}\n",
         "",
@@ -566,7 +578,7 @@ def test_a_rule_unknown_here_is_merged_with_its_stack(
     event = future_event([TRAIN])
     write(tmp_path, "r.json", document(5, [{"rule": "future_rule", "count": 2, "first": event}]))
     status, out, _ = run(capsys, str(tmp_path))
-    assert (status, out.splitlines()[2:8]) == (
+    assert (status, out.splitlines()[3:9]) == (
         1,
         [
             "future_rule at /job/train.py:40 (in step): 2 in 1 process",
@@ -813,6 +825,7 @@ def test_text_escapes_what_a_terminal_acts_on(
     assert (status, err) == (1, "")
     assert out.split("\n") == [
         "cgguard report: 1 process on 1 host: 2 violations at 1 site; 1 exempted",
+        "reports written at 2026-12-01T05:00:09.000000Z",
         "",
         "capture_disabled at /job/\\x1b[2Jgen.py:3 (in st\\u202eep): 2 in 1 process",
         "  node\\x1b]0;owned\\x07 pid 7 rank \\x1b[8m0: 2",
@@ -857,6 +870,8 @@ def test_markdown_keeps_names_literal(tmp_path: Path, capsys: pytest.CaptureFixt
             "# cgguard report",
             "",
             "1 process on 1 host: 1 violation at 1 site.",
+            "",
+            "- reports written at 2026-12-01T05:00:09.000000Z",
             "",
             "## Violations",
             "",
@@ -918,7 +933,7 @@ def test_a_first_event_without_a_stack_is_at_an_unknown_site(
     unknown, and nothing fails."""
     write(tmp_path, "r.json", violating(stack=None, disabled_stack=None))
     status, out, err = run(capsys, str(tmp_path))
-    assert (status, err, out.split("\n")[2:6]) == (
+    assert (status, err, out.split("\n")[3:7]) == (
         1,
         "",
         [
@@ -1065,3 +1080,185 @@ def test_names_no_output_encoding_can_hold_are_escaped(tmp_path: Path) -> None:
             "",
             f"  {host} pid 1  no violation  {shown_path}",
         ), encoding
+
+
+def one_violation(pid: int, count: int, **keys: Any) -> dict[str, Any]:
+    """A report of one process with ``count`` violations at TRAIN, and ``keys`` added."""
+    event = disabled_event(pid, 0, "2026-12-01T05:00:01.000000Z")
+    return {**document(pid, [{"rule": "capture_disabled", "count": count, "first": event}]), **keys}
+
+
+def test_a_hard_link_is_the_same_file_read_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A report reached by two names of one file (a hard link) counts once."""
+    path = write(tmp_path, "r-1.json", one_violation(1, 3))
+    os.link(path, tmp_path / "again.json")
+    status, out, _ = run(capsys, "--format", "json", str(tmp_path))
+    merged = json.loads(out)
+    assert (status, merged["reports"], merged["totals"], merged["skipped"]) == (
+        1,
+        1,
+        {"capture_disabled": 3},
+        [],
+    )
+
+
+def test_a_copy_of_a_report_is_one_process_and_said_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A byte-for-byte copy of a report (gathered twice) counts once, and the view says which
+    file it skipped as the same as which."""
+    first = tmp_path / "a" / "r-1.json"
+    copy = tmp_path / "b" / "r-1.json"
+    first.parent.mkdir()
+    copy.parent.mkdir()
+    write(first.parent, first.name, one_violation(1, 3))
+    shutil.copy(first, copy)
+    status, out, _ = run(capsys, "--format", "json", str(first.parent), str(copy.parent))
+    merged = json.loads(out)
+    assert (status, merged["reports"], merged["totals"], merged["skipped"]) == (
+        1,
+        1,
+        {"capture_disabled": 3},
+        [{"report": str(copy), "same_as": str(first)}],
+    )
+    status, out, _ = run(capsys, str(first.parent), str(copy.parent))
+    assert out.split("\n")[:3] == [
+        "cgguard report: 1 process on 1 host: 3 violations at 1 site",
+        "reports written at 2026-12-01T05:00:09.000000Z",
+        f"skipped {copy}: the same report as {first}",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("report", "reason"),
+    [
+        pytest.param(
+            one_violation(1, 3, totals={"capture_disabled": 2}),
+            "totals['capture_disabled'] is 2, fewer than its violations count (3)",
+            id="total below its sites",
+        ),
+        pytest.param(
+            one_violation(1, 3, totals={}),
+            "totals['capture_disabled'] is 0, fewer than its violations count (3)",
+            id="no total for its sites",
+        ),
+        pytest.param(
+            {
+                **document(1, [], exempted_totals={}),
+                "exempted": [exempted_entry(2)],
+            },
+            "exempted_totals['capture_disabled'] is 0, fewer than its exempted count (2)",
+            id="exempted below its sites",
+        ),
+        pytest.param(
+            document(
+                1,
+                [
+                    {
+                        "rule": "nested_capture",
+                        "count": 1,
+                        "first": disabled_event(1, 0, "2026-12-01T05:00:01.000000Z"),
+                    }
+                ],
+            ),
+            "violations[0] is of rule 'nested_capture', its first event of 'capture_disabled'",
+            id="first of another rule",
+        ),
+    ],
+)
+def test_a_report_that_contradicts_itself_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], report: dict[str, Any], reason: str
+) -> None:
+    """Totals fewer than the sites they count, or a site whose first event is of another rule:
+    status 2, naming the file, rather than a count or an exit status taken from either."""
+    path = write(tmp_path, "r.json", report)
+    assert run(capsys, str(path)) == (
+        2,
+        "",
+        f"cgguard report: '{path}': not a cgguard report: {reason}\n",
+    )
+
+
+def test_totals_beyond_the_sites_listed_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A total above its sites' counts is a site still being rendered when the report was
+    written: it counts, and fails the gate."""
+    write(tmp_path, "r.json", document(1, [], totals={"capture_disabled": 2}))
+    status, out, _ = run(capsys, str(tmp_path))
+    assert (status, out.split("\n")[0]) == (
+        1,
+        "cgguard report: 1 process on 1 host: 2 violations at 0 sites",
+    )
+
+
+def test_the_view_says_which_jobs_and_times_it_merged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Reports of different runs are named in the view: their jobs, and when they were
+    written, first and last."""
+    write(tmp_path, "a.json", document(1, [], job="run-a", written_at="2026-12-01T05:00:00Z"))
+    write(tmp_path, "b.json", document(2, [], job="run-b", written_at="2026-12-03T07:00:00Z"))
+    write(tmp_path, "c.json", document(3, [], job="run-a", written_at="2026-12-02T05:00:00Z"))
+    status, out, _ = run(capsys, str(tmp_path))
+    assert (status, out.split("\n")[:3]) == (
+        0,
+        [
+            "cgguard report: 3 processes on 1 host: no violation",
+            "reports written from 2026-12-01T05:00:00Z to 2026-12-03T07:00:00Z",
+            "jobs: run-a, run-b",
+        ],
+    )
+    merged = json.loads(run(capsys, "--format", "json", str(tmp_path))[1])
+    assert (merged["jobs"], merged["written"], [p["job"] for p in merged["processes"]]) == (
+        ["run-a", "run-b"],
+        {"first": "2026-12-01T05:00:00Z", "last": "2026-12-03T07:00:00Z"},
+        ["run-a", "run-b", "run-a"],
+    )
+
+
+def test_two_different_reports_of_one_process_are_pointed_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two reports of one host and pid that differ (a pid used again, or copies taken at
+    different times) each count, and the view says so, naming both."""
+    a = write(tmp_path, "a.json", one_violation(1, 2))
+    b = write(tmp_path, "b.json", one_violation(1, 5, written_at="2026-12-01T05:00:30.000000Z"))
+    status, out, _ = run(capsys, str(tmp_path))
+    assert (status, out.split("\n")[:3]) == (
+        1,
+        [
+            "cgguard report: 2 processes on 1 host: 7 violations at 1 site",
+            "reports written from 2026-12-01T05:00:09.000000Z to 2026-12-01T05:00:30.000000Z",
+            f"node-a pid 1: 2 different reports, each counted as a process: {a}, {b}",
+        ],
+    )
+    merged = json.loads(run(capsys, "--format", "json", str(tmp_path))[1])
+    assert merged["same_process"] == [
+        {"host": "node-a", "pid": 1, "job": None, "reports": [str(a), str(b)]}
+    ]
+
+
+def test_one_process_at_one_site_twice_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two sites of one report that are one place in the code (two instructions of one line)
+    merge into one count for that process."""
+    event = disabled_event(1, 0, "2026-12-01T05:00:01.000000Z")
+    write(
+        tmp_path,
+        "r.json",
+        document(
+            1,
+            [
+                {"rule": "capture_disabled", "count": 2, "first": event},
+                {"rule": "capture_disabled", "count": 3, "first": event},
+            ],
+        ),
+    )
+    merged = json.loads(run(capsys, "--format", "json", str(tmp_path))[1])
+    assert merged["violations"][0]["processes"] == [
+        {"host": "node-a", "pid": 1, "rank": None, "count": 5}
+    ]
