@@ -677,7 +677,7 @@ def render_json(merged: Merged) -> Iterator[str]:
 def _cell(value: object) -> str:
     # A table cell is one line of literal text: no line break (\r included), no bare |, no
     # link or HTML of its own.
-    return markdown(shown(value))
+    return "" if value is None else markdown(str(value))
 
 
 def _row(cells: Sequence[object]) -> str:
