@@ -11,6 +11,8 @@ import sys
 from types import FrameType
 from typing import TYPE_CHECKING, TypedDict, cast
 
+from cgguard._text import safe
+
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
     from types import CodeType
@@ -244,15 +246,19 @@ def where(frames: list[FrameInfo]) -> str:
 
 
 def format_frames(frames: list[FrameInfo]) -> str:
-    """Frames as Python prints a traceback's body, for people reading a console."""
+    """Frames as Python prints a traceback's body, for people reading a console.
+
+    File and function names and source lines are shown safe (cgguard._text): code made
+    by ``exec`` or ``compile`` names its own, and a terminal must not act on them.
+    """
     lines = []
     for f in frames:
         if f["file"] == OMITTED:
-            lines.append(f"  ... {f['function']} not kept")
+            lines.append(f"  ... {safe(f['function'])} not kept")
             continue
-        lines.append(f'  File "{f["file"]}", line {f["line"]}, in {f["function"]}')
+        lines.append(f'  File "{safe(f["file"])}", line {f["line"]}, in {safe(f["function"])}')
         if f["code"]:
-            lines.append(f"    {f['code']}")
+            lines.append(f"    {safe(f['code'])}")
     return "\n".join(lines)
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from cgguard._frames import format_frames
 from cgguard._rules import RULES
 from cgguard._settings import shown
+from cgguard._text import safe
 from cgguard._warn import warn_once
 
 if TYPE_CHECKING:
@@ -149,6 +150,37 @@ def _stacks_as_text(_: object, __: str, event_dict: MutableMapping[str, Any]) ->
     return event_dict
 
 
+class _Quoted:
+    """A field's text that a terminal would act on: the console shows it as repr() writes it.
+
+    Not a str: structlog's console renderer prints a str bare unless it holds a space or a
+    quote, and calls repr() on anything else, so the field is escaped whatever structlog's
+    version decides for text.
+    """
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return repr(self.text)
+
+
+# Printed with str() by the console renderer's own columns, not through repr().
+_COLUMNS = ("event", "level", "timestamp")
+
+
+def _safe_fields(_: object, __: str, event_dict: MutableMapping[str, Any]) -> Any:
+    """Fields holding control characters or bidi overrides, escaped before the console sees
+    them. The folded stack is already safe (format_frames); other values are repr()'d."""
+    for key, value in event_dict.items():
+        if key == "stack" or not isinstance(value, str) or value.isprintable():
+            continue
+        event_dict[key] = safe(value) if key in _COLUMNS else _Quoted(value)
+    return event_dict
+
+
 def format_stacks(event: dict[str, object]) -> str:
     """An event's stacks as the console shows them: one traceback-like block per stack."""
     text = _stacks_as_text(None, "", dict(event)).get("stack")
@@ -159,7 +191,7 @@ def console_processors(colors: bool) -> list[Processor]:
     """The processors that render an event for a person."""
     import structlog
 
-    return [_stacks_as_text, structlog.dev.ConsoleRenderer(colors=colors)]
+    return [_stacks_as_text, _safe_fields, structlog.dev.ConsoleRenderer(colors=colors)]
 
 
 def json_processors() -> list[Processor]:

@@ -331,6 +331,20 @@ def test_format_frames_like_a_traceback() -> None:
     assert expected == _frames.format_frames(FRAMES)
 
 
+def test_format_frames_escapes_what_a_terminal_acts_on() -> None:
+    """A file, function or source line made by exec or compile prints its control characters
+    and bidi overrides escaped, as repr() writes them, each frame on its own lines."""
+    hostile: list[FrameInfo] = [
+        {"file": "\x1b]0;owned\x07gen.py", "line": 3, "function": "f\u202eeno", "code": None},
+        {"file": "<x>", "line": 1, "function": "g", "code": 'x = 1\x1b[2J\n  File "fake.py"'},
+    ]
+    assert _frames.format_frames(hostile) == (
+        '  File "\\x1b]0;owned\\x07gen.py", line 3, in f\\u202eeno\n'
+        '  File "<x>", line 1, in g\n'
+        '    x = 1\\x1b[2J\\n  File "fake.py"'
+    )
+
+
 def test_format_frames_empty() -> None:
     """format_frames() of no frames is the empty string."""
     assert _frames.format_frames([]) == ""

@@ -257,6 +257,24 @@ def test_console_folds_stacks_into_a_traceback_block(
     assert ("", block) == (out, rest)
 
 
+def test_console_escapes_what_a_terminal_acts_on(capsys: pytest.CaptureFixture[str]) -> None:
+    """Console rendering shows a field or a frame holding control characters or bidi
+    overrides escaped: the field quoted as repr() writes it, the frame's text escaped."""
+    event = nested_event()
+    event.update(thread="T\x1b]0;owned\x07", message="began\x1b[8m hidden", rank="\u202e1")
+    del event["outer_stack"]
+    event["stack"] = [{"file": "\x1b[2Jgen.py", "line": 1, "function": "f", "code": "x()\x07"}]
+    EventLog(log_format="console").emit(event)
+    assert capsys.readouterr().err == (
+        "2026-01-01T00:00:00.000000Z [error    ] cgguard.capture_violation      action=raised "
+        "api=torch.cuda.graph count=1 message='began\\x1b[8m hidden' pid=2 rank='\\u202e1' "
+        "rule=nested_capture thread='T\\x1b]0;owned\\x07' thread_id=1\n"
+        "The capture was attempted at (most recent call last):\n"
+        '  File "\\x1b[2Jgen.py", line 1, in f\n'
+        "    x()\\x07\n"
+    )
+
+
 def test_console_has_no_colors_when_stderr_is_not_a_terminal(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

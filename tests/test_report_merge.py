@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -77,9 +78,10 @@ def nested_event(pid: int, rank: int, timestamp: str) -> dict[str, Any]:
 
 
 def document(
-    pid: int, violations: list[dict[str, Any]], host: str | None = "node-a", **ranks: int
+    pid: int, violations: list[dict[str, Any]], host: str | None = "node-a", **keys: Any
 ) -> dict[str, Any]:
-    """A report as cgguard writes it; ``host=None`` for one written before reports had it."""
+    """A report as cgguard writes it, with its ranks or other ``keys``; ``host=None`` for one
+    written before reports had it."""
     totals: dict[str, int] = {}
     for violation in violations:
         totals[violation["rule"]] = totals.get(violation["rule"], 0) + violation["count"]
@@ -89,11 +91,11 @@ def document(
     return {
         **head,
         "pid": pid,
-        **ranks,
         "written_at": "2026-12-01T05:00:09.000000Z",
         "config": {"mode": "log"},
         "totals": totals,
         "violations": violations,
+        **keys,
     }
 
 
@@ -163,6 +165,8 @@ def expected_json(folder: Path) -> dict[str, Any]:
     return {
         "reports": 4,
         "hosts": ["node-a", "node-b", None],
+        "jobs": [],
+        "written": {"first": "2026-12-01T05:00:09.000000Z", "last": "2026-12-01T05:00:09.000000Z"},
         "totals": {"capture_disabled": 5, "nested_capture": 1},
         "violations": [
             {
@@ -194,6 +198,7 @@ def expected_json(folder: Path) -> dict[str, Any]:
                 "rank": 0,
                 "local_rank": 0,
                 "world_size": 3,
+                "job": None,
                 "violations": 4,
                 "totals": {"capture_disabled": 3, "nested_capture": 1},
                 "exempted": 0,
@@ -207,6 +212,7 @@ def expected_json(folder: Path) -> dict[str, Any]:
                 "rank": 1,
                 "local_rank": 0,
                 "world_size": 3,
+                "job": None,
                 "violations": 2,
                 "totals": {"capture_disabled": 2},
                 "exempted": 0,
@@ -220,6 +226,7 @@ def expected_json(folder: Path) -> dict[str, Any]:
                 "rank": 2,
                 "local_rank": 1,
                 "world_size": 3,
+                "job": None,
                 "violations": 0,
                 "totals": {},
                 "exempted": 0,
@@ -233,6 +240,7 @@ def expected_json(folder: Path) -> dict[str, Any]:
                 "rank": None,
                 "local_rank": None,
                 "world_size": None,
+                "job": None,
                 "violations": 0,
                 "totals": {},
                 "exempted": 0,
@@ -241,6 +249,8 @@ def expected_json(folder: Path) -> dict[str, Any]:
                 "written_at": "2026-12-01T05:00:09.000000Z",
             },
         ],
+        "skipped": [],
+        "same_process": [],
     }
 
 
@@ -262,6 +272,7 @@ def test_text_names_sites_processes_and_stacks(
     assert (status, err) == (1, "")
     assert out.splitlines() == [
         "cgguard report: 4 processes on 3 hosts: 6 violations at 2 sites",
+        "reports written at 2026-12-01T05:00:09.000000Z",
         "",
         "capture_disabled at /job/train.py:40 (in step): 5 in 2 processes",
         "  node-a pid 101 rank 0: 3",
@@ -330,7 +341,8 @@ def table(lines: list[str], heading: str) -> list[list[str]]:
 
 
 def test_markdown_tables_parse(job: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Markdown: a violations table, each site's stacks fenced, a processes table."""
+    """Markdown: a violations table, each site's message and stacks fenced, a processes
+    table."""
     write(job, "r-303.json", document(303, [], host="node|c", rank=3))
     status, out, err = run(capsys, "--format", "Markdown", str(job))
     assert (status, err) == (1, "")
@@ -356,9 +368,12 @@ def test_markdown_tables_parse(job: Path, capsys: pytest.CaptureFixture[str]) ->
         ["node|c", "303", "3", "", "", "0", "0", str(job / "r-303.json")],
         ["unknown host", "100", "", "", "", "0", "0", str(job / "r-100.json")],
     ]
-    section = lines.index("### nested_capture at /job/fused.py:7 (in fuse)")
-    assert lines[section + 4 : section + 15] == [
+    section = lines.index("### nested\\_capture at /job/fused.py:7 (in fuse)")
+    assert lines[section + 2 : section + 14] == [
         "```text",
+        "Nested CUDA graph capture is not supported: torch.cuda.graph at /job/fused.py:7 "
+        "(in fuse) began a capture while this thread's capture begun at /job/train.py:39 "
+        "(in step) via torch.cuda.graph is still active.",
         "The capture was attempted at (most recent call last):",
         '  File "/job/train.py", line 90, in <module>',
         "    main()",
@@ -379,7 +394,8 @@ def test_no_violation_exits_zero(tmp_path: Path, capsys: pytest.CaptureFixture[s
     status, out, err = run(capsys, "--format", "TEXT", str(tmp_path))
     assert (status, out, err) == (
         0,
-        "cgguard report: 2 processes on 1 host: no violation\n\nprocesses:\n"
+        "cgguard report: 2 processes on 1 host: no violation\n"
+        "reports written at 2026-12-01T05:00:09.000000Z\n\nprocesses:\n"
         f"  node-a pid 7  rank 0  no violation  {tmp_path / 'a.json'}\n"
         f"  node-a pid 8  rank 1  no violation  {tmp_path / 'b.json'}\n",
         "",
@@ -414,6 +430,14 @@ def test_a_glob_selects_its_matches_only(job: Path, capsys: pytest.CaptureFixtur
 REPORT = document(9, [])
 
 
+def violating(**first: Any) -> dict[str, Any]:
+    """A report of one violation whose first event is changed by ``first`` (None: removed)."""
+    event = disabled_event(9, 0, "2026-12-01T05:00:01.000000Z")
+    event.update(first)
+    event = {key: value for key, value in event.items() if value is not None}
+    return document(9, [{"rule": "capture_disabled", "count": 1, "first": event}])
+
+
 @pytest.mark.parametrize(
     ("content", "reason"),
     [
@@ -423,24 +447,69 @@ REPORT = document(9, [])
             "line 1 column 2 (char 1))",
             id="not JSON",
         ),
-        pytest.param("[]", "a JSON list, not an object", id="a list"),
-        pytest.param({"pid": 1}, 'no "cgguard" version', id="no version"),
-        pytest.param({**REPORT, "pid": "9"}, '"pid" is not a whole number', id="pid as text"),
-        pytest.param({**REPORT, "host": 3}, '"host" is not text', id="host a number"),
-        pytest.param({**REPORT, "rank": [0]}, '"rank" is neither a number nor text', id="rank"),
+        pytest.param("[]", "an object expected, found a list", id="a list"),
+        pytest.param({"pid": 1}, 'no "cgguard"', id="no version"),
         pytest.param(
-            {**REPORT, "totals": {"x": "1"}}, '"totals" is not an object of counts', id="totals"
+            {**REPORT, "pid": "9"}, "pid: a whole number expected, found text", id="pid as text"
         ),
-        pytest.param({**REPORT, "violations": {}}, '"violations" is not a list', id="violations"),
+        pytest.param(
+            {**REPORT, "host": 3}, "host: text expected, found a whole number", id="host a number"
+        ),
+        pytest.param(
+            {**REPORT, "rank": [0]},
+            "rank: a whole number or text expected, found a list",
+            id="rank",
+        ),
+        pytest.param(
+            {**REPORT, "python": 3}, "python: text expected, found a whole number", id="python"
+        ),
+        pytest.param(
+            {**REPORT, "totals": {"x": "1"}},
+            "totals['x']: a whole number of 0 or more expected, found text",
+            id="totals",
+        ),
+        pytest.param(
+            {**REPORT, "totals": {"x": -2}},
+            "totals['x']: a whole number of 0 or more expected, found -2",
+            id="negative total",
+        ),
+        pytest.param(
+            {**REPORT, "violations": {}},
+            "violations: a list expected, found an object",
+            id="violations",
+        ),
         pytest.param(
             {**REPORT, "violations": [{"rule": "capture_disabled", "count": 0, "first": {}}]},
-            'violations[0]: "count" is not a positive whole number',
+            "violations[0].count: a whole number of 1 or more expected, found 0",
             id="count zero",
         ),
         pytest.param(
             {**REPORT, "violations": [{"rule": "capture_disabled", "count": 1, "first": {}}]},
-            'violations[0]: "first" has no stack of frames',
-            id="no stack",
+            'violations[0].first: no "event"',
+            id="not an event",
+        ),
+        pytest.param(
+            violating(thread=None), 'violations[0].first: no "thread"', id="event without thread"
+        ),
+        pytest.param(
+            violating(stack=[{"file": "a.py", "line": 1, "function": "f"}]),
+            'violations[0].first.stack[0]: no "code"',
+            id="frame without code",
+        ),
+        pytest.param(
+            violating(disabled_stack=[1]),
+            "violations[0].first.disabled_stack[0]: an object expected, found a whole number",
+            id="cause not frames",
+        ),
+        pytest.param(
+            {**REPORT, "schema": "1"},
+            "schema: a whole number of 1 or more expected, found text",
+            id="schema as text",
+        ),
+        pytest.param(
+            {**REPORT, "schema": 2},
+            "of report schema 2, which this cgguard cannot read (it reads schema 1)",
+            id="a later schema",
         ),
     ],
 )
@@ -463,7 +532,7 @@ def test_paths_that_name_no_report_are_refused(
     """Missing, unreadable, an empty folder, a glob matching nothing, text that is not UTF-8."""
     empty = tmp_path / "empty"
     empty.mkdir()
-    unreadable = tmp_path / "full" / "dir.json"  # a folder named like a report: open() fails
+    unreadable = tmp_path / "full" / "dir.json"  # a folder named like a report
     unreadable.mkdir(parents=True)
     binary = tmp_path / "binary.json"
     binary.write_bytes(b"\xff\xfe{")
@@ -478,7 +547,7 @@ def test_paths_that_name_no_report_are_refused(
     assert run(capsys, str(unreadable.parent)) == (
         2,
         "",
-        f"cgguard report: '{unreadable}': cannot be read: Is a directory\n",
+        f"cgguard report: '{unreadable}': not a regular file (a folder)\n",
     )
 
 
@@ -494,14 +563,22 @@ def test_a_bad_format_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str
     )
 
 
+def future_event(stack: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first event of a rule a newer cgguard knows and this one does not."""
+    event = disabled_event(5, 0, "2026-12-01T05:00:01.000000Z")
+    del event["disabled_stack"]
+    event.update(rule="future_rule", message="m", stack=stack)
+    return event
+
+
 def test_a_rule_unknown_here_is_merged_with_its_stack(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A report from a newer cgguard, with a rule this one does not know, still merges."""
-    event = {"rule": "future_rule", "message": "m", "timestamp": "t", "stack": [TRAIN]}
+    event = future_event([TRAIN])
     write(tmp_path, "r.json", document(5, [{"rule": "future_rule", "count": 2, "first": event}]))
     status, out, _ = run(capsys, str(tmp_path))
-    assert (status, out.splitlines()[2:8]) == (
+    assert (status, out.splitlines()[3:9]) == (
         1,
         [
             "future_rule at /job/train.py:40 (in step): 2 in 1 process",
@@ -595,13 +672,14 @@ def test_a_fence_in_the_code_does_not_end_the_markdown_block(
 ) -> None:
     """A stack line of backticks gets a longer fence around it."""
     odd = frame("/job/doc.py", 3, "f", "```")
-    event = {"rule": "future_rule", "message": "m", "timestamp": "t", "stack": [odd]}
+    event = future_event([odd])
     write(tmp_path, "r.json", document(5, [{"rule": "future_rule", "count": 1, "first": event}]))
     _, out, _ = run(capsys, "--format", "markdown", str(tmp_path))
     lines = out.splitlines()
     start = lines.index("````text")
-    assert lines[start : start + 5] == [
+    assert lines[start : start + 6] == [
         "````text",
+        "m",
         "The call was made at (most recent call last):",
         '  File "/job/doc.py", line 3, in f',
         "    ```",
@@ -634,6 +712,10 @@ def exempted_entry(count: int) -> dict[str, Any]:
             "exemption": INDUCTOR,
             "matched": AUTOTUNE,
             "count": 1,
+            "thread": "MainThread",
+            "thread_id": 140000000000003,
+            "pid": 101,
+            "timestamp": "2026-12-01T05:00:04.000000Z",
             "stack": [MAIN, AUTOTUNE],
         },
     }
@@ -701,6 +783,482 @@ def test_an_exempted_entry_without_its_exemption_is_not_a_report(
     report["exempted"] = [entry]
     path = write(tmp_path, "r.json", report)
     status, out, err = run(capsys, str(path))
-    assert (status, out) == (2, "")
-    assert '"exemption" is not text' in err
-    assert str(path) in err
+    assert (status, out, err) == (
+        2,
+        "",
+        f"cgguard report: '{path}': not a cgguard report: exempted[0]: no \"exemption\"\n",
+    )
+
+
+# What a name made by exec, or a report from another machine, may hold: a window title, a
+# clear screen, hidden text, a bidi override.
+TITLE, CLEAR, HIDE, BIDI = "\x1b]0;owned\x07", "\x1b[2J", "\x1b[8m", "\u202e"
+HOSTILE_FRAME = frame(f"/job/{CLEAR}gen.py", 3, f"st{BIDI}ep", f"run(){HIDE}")
+
+
+def hostile_report(tmp_path: Path) -> Path:
+    """A report whose every name holds what a terminal acts on, in a file named so too."""
+    event = disabled_event(7, 0, "2026-12-01T05:00:01.000000Z")
+    event.update(
+        message=f"began{HIDE} all clear",
+        stack=[HOSTILE_FRAME],
+        disabled_stack=[frame("/job/a.py", 1, f"off{TITLE}", "x\ny")],
+    )
+    report = document(7, [{"rule": "capture_disabled", "count": 2, "first": event}])
+    report.update(host=f"node{TITLE}", rank=f"{HIDE}0")
+    report["exempted_totals"] = {"capture_disabled": 1}
+    entry = exempted_entry(1)
+    entry["exemption"] = entry["first"]["exemption"] = f"capture_disabled=x{CLEAR}"
+    entry["first"]["stack"] = [HOSTILE_FRAME]
+    report["exempted"] = [entry]
+    return write(tmp_path, f"r{TITLE}.json", report)
+
+
+def test_text_escapes_what_a_terminal_acts_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every name from a report (host, rank, file, function, code, message, exemption, the
+    report's own path) is shown with its control characters and bidi overrides escaped."""
+    path = hostile_report(tmp_path)
+    status, out, err = run(capsys, str(path))
+    shown_path = str(path).replace(TITLE, "\\x1b]0;owned\\x07")
+    assert (status, err) == (1, "")
+    assert out.split("\n") == [
+        "cgguard report: 1 process on 1 host: 2 violations at 1 site; 1 exempted",
+        "reports written at 2026-12-01T05:00:09.000000Z",
+        "",
+        "capture_disabled at /job/\\x1b[2Jgen.py:3 (in st\\u202eep): 2 in 1 process",
+        "  node\\x1b]0;owned\\x07 pid 7 rank \\x1b[8m0: 2",
+        "  began\\x1b[8m all clear",
+        "  The capture was attempted at (most recent call last):",
+        '    File "/job/\\x1b[2Jgen.py", line 3, in st\\u202eep',
+        "      run()\\x1b[8m",
+        "",
+        "  Capture was disabled at (most recent call last):",
+        '    File "/job/a.py", line 1, in off\\x1b]0;owned\\x07',
+        "      x\\ny",
+        "",
+        "exempted:",
+        "  capture_disabled at /job/\\x1b[2Jgen.py:3 (in st\\u202eep): 1 exempted by "
+        "capture_disabled=x\\x1b[2J, in node\\x1b]0;owned\\x07 pid 7 rank \\x1b[8m0 (1)",
+        "",
+        "processes:",
+        "  node\\x1b]0;owned\\x07 pid 7  rank \\x1b[8m0  capture_disabled 2 (1 exempted)  "
+        f"{shown_path}",
+        "",
+    ]
+
+
+def test_markdown_keeps_names_literal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Markdown: names from a report cannot end a cell, a heading or the code block, nor make
+    a link, raw HTML or a heading of their own; \\r no more than \\n."""
+    event = disabled_event(7, 0, "2026-12-01T05:00:01.000000Z")
+    del event["disabled_stack"]
+    event.update(
+        message="done\r\n# all clear\n```",
+        stack=[frame("/job/[all clear](https://x).py", 3, "f\r## all clear", "\r```\n# ok")],
+    )
+    report = document(7, [{"rule": "capture_disabled", "count": 1, "first": event}])
+    report["host"] = "evil|<b>x</b>"
+    write(tmp_path, "r.json", report)
+    status, out, _ = run(capsys, "--format", "markdown", str(tmp_path))
+    where = "/job/\\[all clear\\](https://x).py:3 (in f\\\\r\\#\\# all clear)"
+    report_cell = str(tmp_path / "r.json").replace("_", "\\_")
+    assert (status, out.split("\n")) == (
+        1,
+        [
+            "# cgguard report",
+            "",
+            "1 process on 1 host: 1 violation at 1 site.",
+            "",
+            "- reports written at 2026-12-01T05:00:09.000000Z",
+            "",
+            "## Violations",
+            "",
+            "| rule | site | count | processes |",
+            "| --- | --- | --- | --- |",
+            f"| capture\\_disabled | {where} | 1 | evil\\|\\<b\\>x\\</b\\> pid 7 (1) |",
+            "",
+            f"### capture\\_disabled at {where}",
+            "",
+            "```text",
+            "done\\r\\n# all clear\\n```",
+            "The capture was attempted at (most recent call last):",
+            '  File "/job/[all clear](https://x).py", line 3, in f\\r## all clear',
+            "    \\r```\\n# ok",
+            "```",
+            "",
+            "## Processes",
+            "",
+            "| host | pid | rank | local\\_rank | world\\_size | violations | exempted | report |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            f"| evil\\|\\<b\\>x\\</b\\> | 7 |  |  |  | 1 | 0 | {report_cell} |",
+            "",
+        ],
+    )
+
+
+def test_keys_added_later_and_sections_missing_are_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A report of schema 1 with sections and keys this cgguard does not know (a census, a
+    key in an event or a frame), and one without the host or the exempted sections, merge."""
+    event = disabled_event(7, 0, "2026-12-01T05:00:01.000000Z")
+    event["stack"] = [MAIN, {**TRAIN, "column": 9}]
+    event["later"] = {"nested": [1]}
+    newer = document(7, [{"rule": "capture_disabled", "count": 2, "first": event}])
+    newer.update(schema=1, captures={"torch.cuda.graph": 4}, cudagraph_skips=[{"reason": "cpu"}])
+    older = document(8, [], host=None)
+    write(tmp_path, "newer.json", newer)
+    write(tmp_path, "older.json", older)
+    status, out, err = run(capsys, "--format", "json", str(tmp_path))
+    merged = json.loads(out)
+    assert (status, err, merged["totals"], merged["violations"][0]["site"]) == (
+        1,
+        "",
+        {"capture_disabled": 2},
+        {**TRAIN, "column": 9},
+    )
+    assert merged["violations"][0]["first"]["later"] == {"nested": [1]}
+    assert [(p["host"], p["pid"], p["violations"]) for p in merged["processes"]] == [
+        ("node-a", 7, 2),
+        (None, 8, 0),
+    ]
+
+
+def test_a_first_event_without_a_stack_is_at_an_unknown_site(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The schema lets a violation event lack its stack (a repeat does): merged, its site is
+    unknown, and nothing fails."""
+    write(tmp_path, "r.json", violating(stack=None, disabled_stack=None))
+    status, out, err = run(capsys, str(tmp_path))
+    assert (status, err, out.split("\n")[3:7]) == (
+        1,
+        "",
+        [
+            "capture_disabled at an unknown site: 1 in 1 process",
+            "  node-a pid 9: 1",
+            f"  {DISABLED} torch.cuda.graph at /job/train.py:40 (in step) began a capture; capture "
+            "was disabled at /job/train.py:12 (in serve).",
+            "",
+        ],
+    )
+
+
+def report_command(*args: str, **environ: str) -> subprocess.CompletedProcess[str]:
+    """``cgguard report`` in a child, whose memory is bounded, stopped if it takes too long."""
+    import resource
+
+    def bounded() -> None:  # a runaway read fails fast instead of filling the machine
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    return subprocess.run(
+        [sys.executable, "-m", "cgguard", "report", *args],
+        env=clean_environ(**environ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=bounded,  # only setrlimit, in a child started from a test
+        check=False,
+    )
+
+
+@pytest.mark.subprocess
+def test_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """A FIFO given as a path, or named *.json in a folder, is not a report: status 2 at once,
+    naming it, instead of waiting for a writer."""
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    fifo = folder / "r-1.json"
+    os.mkfifo(fifo)
+    for path in (fifo, folder):
+        result = report_command(str(path))
+        assert (result.returncode, result.stdout, result.stderr) == (
+            2,
+            "",
+            f"cgguard report: '{fifo}': not a regular file (a FIFO)\n",
+        )
+
+
+@pytest.mark.subprocess
+def test_a_device_is_refused_not_read(tmp_path: Path) -> None:
+    """/dev/zero is refused before anything is read from it (it never ends)."""
+    result = report_command("/dev/zero")
+    assert (result.returncode, result.stdout, result.stderr) == (
+        2,
+        "",
+        "cgguard report: '/dev/zero': not a regular file (a character device)\n",
+    )
+
+
+def test_a_report_larger_than_the_limit_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Past --max-bytes a file is refused unread, naming the option that raises the limit;
+    at the limit it is read."""
+    path = write(tmp_path, "r.json", REPORT)
+    size = path.stat().st_size
+    assert run(capsys, "--max-bytes", str(size - 1), str(path)) == (
+        2,
+        "",
+        f"cgguard report: '{path}': larger than {size - 1} bytes (--max-bytes raises the limit)\n",
+    )
+    assert run(capsys, "--max-bytes", str(size), str(path))[0] == 0
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1.5", "lots"])
+def test_a_bad_max_bytes_is_refused_by_the_parser(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--max-bytes takes a whole number of bytes above 0."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["report", "--max-bytes", value, "x.json"])
+    assert (stopped.value.code, capsys.readouterr().err.splitlines()[-1]) == (
+        2,
+        f"cgguard report: error: argument --max-bytes: {value!r} is not a whole number of "
+        "bytes above 0",
+    )
+
+
+@pytest.mark.subprocess
+def test_a_recursive_glob_does_not_follow_symlinked_folders(tmp_path: Path) -> None:
+    """``**`` walks real folders only: two symlink loops end, and each report is read once."""
+    top = tmp_path / "job"
+    (top / "node-b").mkdir(parents=True)
+    write(top, "r-1.json", document(1, []))
+    write(top / "node-b", "r-2.json", document(2, [], host="node-b"))
+    (top / "loop").symlink_to(top)
+    (top / "node-b" / "back").symlink_to(top)
+    result = report_command("--format", "json", str(top / "**" / "*.json"))
+    merged = json.loads(result.stdout) if result.returncode == 0 else result.stderr
+    assert [p["report"] for p in merged["processes"]] == [
+        str(top / "r-1.json"),
+        str(top / "node-b" / "r-2.json"),
+    ]
+
+
+def test_a_folder_reads_its_regular_reports_and_refuses_the_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In a folder, a *.json file or a link to one is read; anything else named so is
+    refused, naming it."""
+    write(tmp_path, "r-1.json", document(1, []))
+    (tmp_path / "r-2.json").symlink_to(write(tmp_path, "kept.txt", json.dumps(document(2, []))))
+    status, out, _ = run(capsys, "--format", "json", str(tmp_path))
+    assert (status, [p["pid"] for p in json.loads(out)["processes"]]) == (0, [1, 2])
+    (tmp_path / "sub.json").mkdir()
+    assert run(capsys, str(tmp_path)) == (
+        2,
+        "",
+        f"cgguard report: '{tmp_path / 'sub.json'}': not a regular file (a folder)\n",
+    )
+
+
+def test_deeply_nested_json_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """JSON nested deeper than Python can parse is status 2, naming the file, not a crash."""
+    path = write(tmp_path, "r.json", "[" * 100_000 + "]" * 100_000)
+    assert run(capsys, str(path)) == (
+        2,
+        "",
+        f"cgguard report: '{path}': not a cgguard report: not JSON (nested too deeply)\n",
+    )
+
+
+@pytest.mark.subprocess
+def test_names_no_output_encoding_can_hold_are_escaped(tmp_path: Path) -> None:
+    """A file name that is not UTF-8 (a lone surrogate to Python) and a host name an ASCII
+    terminal cannot show come out escaped, on a strict UTF-8 stdout and on an ASCII one."""
+    folder = os.fsencode(tmp_path)
+    with open(os.path.join(folder, b"r-\xff.json"), "w") as file:
+        json.dump(document(1, [], host="Grüße"), file)
+    shown_path = f"{tmp_path}/r-\\udcff.json"
+    for encoding, host in (("utf-8", "Grüße"), ("ascii", "Gr\\xfc\\xdfe")):
+        result = report_command(str(tmp_path), PYTHONIOENCODING=f"{encoding}:strict")
+        assert (result.returncode, result.stderr, result.stdout.splitlines()[-1]) == (
+            0,
+            "",
+            f"  {host} pid 1  no violation  {shown_path}",
+        ), encoding
+
+
+def one_violation(pid: int, count: int, **keys: Any) -> dict[str, Any]:
+    """A report of one process with ``count`` violations at TRAIN, and ``keys`` added."""
+    event = disabled_event(pid, 0, "2026-12-01T05:00:01.000000Z")
+    return {**document(pid, [{"rule": "capture_disabled", "count": count, "first": event}]), **keys}
+
+
+def test_a_hard_link_is_the_same_file_read_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A report reached by two names of one file (a hard link) counts once."""
+    path = write(tmp_path, "r-1.json", one_violation(1, 3))
+    os.link(path, tmp_path / "again.json")
+    status, out, _ = run(capsys, "--format", "json", str(tmp_path))
+    merged = json.loads(out)
+    assert (status, merged["reports"], merged["totals"], merged["skipped"]) == (
+        1,
+        1,
+        {"capture_disabled": 3},
+        [],
+    )
+
+
+def test_a_copy_of_a_report_is_one_process_and_said_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A byte-for-byte copy of a report (gathered twice) counts once, and the view says which
+    file it skipped as the same as which."""
+    first = tmp_path / "a" / "r-1.json"
+    copy = tmp_path / "b" / "r-1.json"
+    first.parent.mkdir()
+    copy.parent.mkdir()
+    write(first.parent, first.name, one_violation(1, 3))
+    shutil.copy(first, copy)
+    status, out, _ = run(capsys, "--format", "json", str(first.parent), str(copy.parent))
+    merged = json.loads(out)
+    assert (status, merged["reports"], merged["totals"], merged["skipped"]) == (
+        1,
+        1,
+        {"capture_disabled": 3},
+        [{"report": str(copy), "same_as": str(first)}],
+    )
+    status, out, _ = run(capsys, str(first.parent), str(copy.parent))
+    assert out.split("\n")[:3] == [
+        "cgguard report: 1 process on 1 host: 3 violations at 1 site",
+        "reports written at 2026-12-01T05:00:09.000000Z",
+        f"skipped {copy}: the same report as {first}",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("report", "reason"),
+    [
+        pytest.param(
+            one_violation(1, 3, totals={"capture_disabled": 2}),
+            "totals['capture_disabled'] is 2, fewer than its violations count (3)",
+            id="total below its sites",
+        ),
+        pytest.param(
+            one_violation(1, 3, totals={}),
+            "totals['capture_disabled'] is 0, fewer than its violations count (3)",
+            id="no total for its sites",
+        ),
+        pytest.param(
+            {
+                **document(1, [], exempted_totals={}),
+                "exempted": [exempted_entry(2)],
+            },
+            "exempted_totals['capture_disabled'] is 0, fewer than its exempted count (2)",
+            id="exempted below its sites",
+        ),
+        pytest.param(
+            document(
+                1,
+                [
+                    {
+                        "rule": "nested_capture",
+                        "count": 1,
+                        "first": disabled_event(1, 0, "2026-12-01T05:00:01.000000Z"),
+                    }
+                ],
+            ),
+            "violations[0] is of rule 'nested_capture', its first event of 'capture_disabled'",
+            id="first of another rule",
+        ),
+    ],
+)
+def test_a_report_that_contradicts_itself_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], report: dict[str, Any], reason: str
+) -> None:
+    """Totals fewer than the sites they count, or a site whose first event is of another rule:
+    status 2, naming the file, rather than a count or an exit status taken from either."""
+    path = write(tmp_path, "r.json", report)
+    assert run(capsys, str(path)) == (
+        2,
+        "",
+        f"cgguard report: '{path}': not a cgguard report: {reason}\n",
+    )
+
+
+def test_totals_beyond_the_sites_listed_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A total above its sites' counts is a site still being rendered when the report was
+    written: it counts, and fails the gate."""
+    write(tmp_path, "r.json", document(1, [], totals={"capture_disabled": 2}))
+    status, out, _ = run(capsys, str(tmp_path))
+    assert (status, out.split("\n")[0]) == (
+        1,
+        "cgguard report: 1 process on 1 host: 2 violations at 0 sites",
+    )
+
+
+def test_the_view_says_which_jobs_and_times_it_merged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Reports of different runs are named in the view: their jobs, and when they were
+    written, first and last."""
+    write(tmp_path, "a.json", document(1, [], job="run-a", written_at="2026-12-01T05:00:00Z"))
+    write(tmp_path, "b.json", document(2, [], job="run-b", written_at="2026-12-03T07:00:00Z"))
+    write(tmp_path, "c.json", document(3, [], job="run-a", written_at="2026-12-02T05:00:00Z"))
+    status, out, _ = run(capsys, str(tmp_path))
+    assert (status, out.split("\n")[:3]) == (
+        0,
+        [
+            "cgguard report: 3 processes on 1 host: no violation",
+            "reports written from 2026-12-01T05:00:00Z to 2026-12-03T07:00:00Z",
+            "jobs: run-a, run-b",
+        ],
+    )
+    merged = json.loads(run(capsys, "--format", "json", str(tmp_path))[1])
+    assert (merged["jobs"], merged["written"], [p["job"] for p in merged["processes"]]) == (
+        ["run-a", "run-b"],
+        {"first": "2026-12-01T05:00:00Z", "last": "2026-12-03T07:00:00Z"},
+        ["run-a", "run-b", "run-a"],
+    )
+
+
+def test_two_different_reports_of_one_process_are_pointed_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two reports of one host and pid that differ (a pid used again, or copies taken at
+    different times) each count, and the view says so, naming both."""
+    a = write(tmp_path, "a.json", one_violation(1, 2))
+    b = write(tmp_path, "b.json", one_violation(1, 5, written_at="2026-12-01T05:00:30.000000Z"))
+    status, out, _ = run(capsys, str(tmp_path))
+    assert (status, out.split("\n")[:3]) == (
+        1,
+        [
+            "cgguard report: 2 processes on 1 host: 7 violations at 1 site",
+            "reports written from 2026-12-01T05:00:09.000000Z to 2026-12-01T05:00:30.000000Z",
+            f"node-a pid 1: 2 different reports, each counted as a process: {a}, {b}",
+        ],
+    )
+    merged = json.loads(run(capsys, "--format", "json", str(tmp_path))[1])
+    assert merged["same_process"] == [
+        {"host": "node-a", "pid": 1, "job": None, "reports": [str(a), str(b)]}
+    ]
+
+
+def test_one_process_at_one_site_twice_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two sites of one report that are one place in the code (two instructions of one line)
+    merge into one count for that process."""
+    event = disabled_event(1, 0, "2026-12-01T05:00:01.000000Z")
+    write(
+        tmp_path,
+        "r.json",
+        document(
+            1,
+            [
+                {"rule": "capture_disabled", "count": 2, "first": event},
+                {"rule": "capture_disabled", "count": 3, "first": event},
+            ],
+        ),
+    )
+    merged = json.loads(run(capsys, "--format", "json", str(tmp_path))[1])
+    assert merged["violations"][0]["processes"] == [
+        {"host": "node-a", "pid": 1, "rank": None, "count": 5}
+    ]
