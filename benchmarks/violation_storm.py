@@ -28,7 +28,7 @@ import tracemalloc
 import torch
 
 import cgguard
-from cgguard import _guard
+from cgguard import _state
 from cgguard.testing import simulated_cuda
 
 TARGET_US = 20.0
@@ -130,8 +130,8 @@ def main() -> int:
                     time_attempts(per_round, enabled=not disabled_first)
                 )
         growth = storm_growth(per_round, args.rounds)
-        assert _guard.current is not None  # noqa: S101 - installed above
-        sites = len(_guard.current.ledger.sites())
+        assert _state.current is not None  # noqa: S101 - installed above
+        sites = len(_state.current.run.ledger.sites())
         violations = sum(cgguard.status().violations.values())
     finally:
         cgguard.uninstall()

@@ -473,6 +473,8 @@ class Tracker:
     def sweep(self) -> None:
         """Forget the captures of threads that have ended (each reported once), and the calling
         thread's captures that have ended without cgguard seeing their capture_end."""
+        if not self.active:  # a storm of refusals with nothing capturing: nothing to sweep
+            return
         self.drop_abandoned()
         self._drop_stale()
 
