@@ -3,6 +3,7 @@ the JSON report's document, each of the shape cgguard._schema names."""
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import threading
@@ -155,6 +156,13 @@ def summary(ledger: Ledger, exempt: Tally | None = None) -> SummaryEvent:
     return cast("SummaryEvent", event)
 
 
+@functools.cache
+def _torch_version() -> str | None:
+    """torch's installed version, looked up once: a look-up reads package metadata from disk,
+    and the report is written once per new site while it is small."""
+    return distribution_version("torch")
+
+
 def document(config: Config, ledger: Ledger, exempt: Tally | None = None) -> ReportDocument:
     """The JSON report as a JSON-ready value."""
     violations: list[ReportViolation] = [
@@ -165,7 +173,7 @@ def document(config: Config, ledger: Ledger, exempt: Tally | None = None) -> Rep
     doc: dict[str, object] = {
         "cgguard": __version__,
         "python": platform.python_version(),
-        "torch": distribution_version("torch"),
+        "torch": _torch_version(),
         "host": platform.node(),
         "pid": os.getpid(),
     }

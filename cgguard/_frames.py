@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import inspect
 import linecache
@@ -129,12 +130,57 @@ def resolve(stack: Snapshot | LiveStack) -> Snapshot:
     return stack
 
 
+# By id(), holding the code object as _visible does: where each range of a code object's
+# instructions starts, and its line. co_lines() is walked once per code object, since a walk
+# from the start for every frame rendered makes a generated function of thousands of lines
+# (inductor's output code, a templated kernel) cost in proportion to its size per violation.
+_lines: dict[int, tuple[CodeType, list[int], list[int | None]]] = {}
+
+
 def _line_of(code: CodeType, lasti: int) -> int:
-    if lasti >= 0:
-        for start, end, line in code.co_lines():
-            if start <= lasti < end and line is not None:
-                return line
-    return code.co_firstlineno
+    """The line of the instruction at byte offset ``lasti``; the first line where it has none."""
+    if lasti < 0:
+        return code.co_firstlineno
+    cached = _lines.get(id(code))
+    if cached is None:
+        if len(_lines) >= _CACHE_MAX:
+            _lines.clear()
+        starts, lines = _line_table(code)
+        _lines[id(code)] = (code, starts, lines)
+    else:
+        starts, lines = cached[1], cached[2]
+    # starts[0] is 0, so a lasti of 0 or more lies in one of the ranges.
+    line = lines[bisect.bisect_right(starts, lasti) - 1]
+    return code.co_firstlineno if line is None else line
+
+
+def _line_table(code: CodeType) -> tuple[list[int], list[int | None]]:
+    """(the offset where each range starts, its line): a range runs to the next one's start.
+
+    co_lines() yields consecutive (start, end, line) ranges in order of offset. An empty range
+    (3.10 yields some) holds no instruction and is left out; a range whose line is None, a gap
+    before or between ranges, and every offset past the last range have no line. Ranges of one
+    line that follow each other are one entry; starts[0] is always 0.
+    """
+    starts: list[int] = []
+    lines: list[int | None] = []
+    reached = 0  # where the ranges seen so far end
+    for begins, end, line in code.co_lines():
+        start = max(begins, reached)  # were ranges to overlap, the first would hold
+        if end <= start:
+            continue
+        if start > reached:
+            starts.append(reached)
+            lines.append(None)
+        elif starts and lines[-1] == line:
+            reached = end
+            continue
+        starts.append(start)
+        lines.append(line)
+        reached = end
+    starts.append(reached)
+    lines.append(None)
+    return starts, lines
 
 
 # The packages whose frames say nothing to the user, besides cgguard's own: their folders are

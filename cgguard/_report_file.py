@@ -4,9 +4,12 @@ A worker killed by SIGTERM, or ended with os._exit as multiprocessing ends its w
 exit handler, so a report written only at exit would lose its violations. The report is
 rewritten when a new distinct violation appears: by the capturing thread itself while the
 report is small enough, so that it is on disk before the program goes on, and beyond that by a
-thread of cgguard's own, since a rewrite costs time in proportion to the sites it holds. Counts
-reach the disk within half a second. The file is replaced atomically (a temporary file renamed
-over it), and written a last time at exit, at uninstall, and when a multiprocessing worker ends.
+thread of cgguard's own, since a rewrite costs time in proportion to the sites it holds. Each
+site's entry is encoded once and kept while it holds, so that a rewrite copies the sites before
+it rather than encoding them again, and the thread rests after each write in proportion to what
+it cost. Counts reach the disk within half a second. The file is replaced atomically (a
+temporary file renamed over it), and written a last time at exit, at uninstall, and when a
+multiprocessing worker ends.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import secrets
 import stat
 import sys
 import threading
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, cast
 
 from cgguard._events import document
 from cgguard._settings import REPORT_OWNER, shown
@@ -29,15 +33,31 @@ if TYPE_CHECKING:
 
 # How long counts may lag behind on disk, at most.
 INTERVAL = 0.5
+# After each write, the writing thread rests this many times as long as the write took (at most
+# INTERVAL) before it writes new sites: a rewrite costs time in proportion to the sites the
+# report holds, and written back to back while new sites keep coming, a report of thousands
+# would take the process's time from the program in proportion to its size. Resting, the thread
+# takes at most a fifth of it while a write takes under INTERVAL / REST.
+REST = 4
 # Up to this many sites, the capturing thread writes a new site's report itself. Each such
-# write is bounded (this many sites of JSON), and about 3 s go to them in all, once per run;
-# a report of more sites has its new sites written by the writing thread within milliseconds.
+# write encodes the new site alone and replaces a file of this many sites at most: a few
+# milliseconds each, under a second in all, once per run. A report of more sites has its new
+# sites written by the writing thread, after its rest.
 WRITTEN_AT_ONCE = 256
 
 # CGGUARD_REPORT_OWNER, set by the first process that writes a report path without {pid} and
 # inherited by the processes it starts: "PID:JOB:PATH". JOB names the run, so that a process of
 # the same run without violations leaves the file alone, while a later run replaces it.
 OWNER = REPORT_OWNER
+
+
+# The document's lists of sites, whose entries are kept encoded between writes.
+_SITE_LISTS = ("violations", "exempted")
+
+
+def _indented(value: object, level: int) -> str:
+    """``value`` as ``json.dumps(..., indent=2)`` writes it ``level`` levels deep."""
+    return json.dumps(value, indent=2).replace("\n", "\n" + "  " * level)
 
 
 def expand(template: str) -> str:
@@ -59,13 +79,16 @@ class ReportFile:
         self.template = os.path.abspath(config.report)
         self.job: str | None = None  # the run sharing this path, where the path has no {pid}
         self._lock = threading.Lock()
-        self._wake = threading.Event()
+        self._wake = threading.Event()  # a new site, counts while idle, or close()
+        self._stop = threading.Event()  # close() alone: it ends a rest
         self._dirty = False
         self._idle = False
         self._closed = False
         self._in_place = False  # no writing thread could be started
         self._thread: threading.Thread | None = None
         self._finalized_in = 0  # the process whose multiprocessing finalizers close this
+        # Each site's entry as last written, by id() of its first event: (its values, its text).
+        self._entries: dict[int, tuple[tuple[object, ...], str]] = {}
         self._claim()
         # Written at once, violations or not: a process ended without its exit handlers (a Ray
         # worker, a worker killed by SIGTERM) still shows that it was guarded.
@@ -98,6 +121,7 @@ class ReportFile:
         if self._closed:
             return
         self._closed = True
+        self._stop.set()
         self._wake.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -117,7 +141,7 @@ class ReportFile:
                 body = document(self.config, self.ledger, self.exempt)
                 if self.job is not None:
                     body["job"] = self.job
-                text = json.dumps(body, indent=2) + "\n"
+                text = self._encode(cast("dict[str, object]", body)) + "\n"
                 temporary = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
                 # 0o666 less the umask, like any file the program creates: a collector running
                 # as another user can read it (tempfile.mkstemp would make it 0o600).
@@ -132,6 +156,40 @@ class ReportFile:
         except Exception as exc:
             reason = getattr(exc, "strerror", None) or exc  # an OSError's text repeats the path
             warn_once(f"report:{path}", f"cannot write the report {shown(path)}: {reason}")
+
+    def _encode(self, body: dict[str, object]) -> str:
+        """``json.dumps(body, indent=2)``, each site's entry encoded once for as long as it holds.
+
+        Encoding the whole document at every write made each new site cost in proportion to the
+        sites before it. A site's first event never changes once it is in the report, and its
+        count rarely does: an entry whose values are the very ones last encoded (its first event
+        the same object) is taken as it was. JSON strings hold no raw newline, so a value
+        encoded alone is placed deeper by indenting after each of its newlines, as json does.
+        """
+        previous, kept = self._entries, {}
+        items = []
+        for key, value in body.items():
+            if key in _SITE_LISTS and isinstance(value, list) and value:
+                entries = []
+                for entry in value:
+                    first = entry.get("first") if isinstance(entry, dict) else None
+                    if first is None:
+                        entries.append(_indented(entry, 2))
+                        continue
+                    values = tuple(entry.values())
+                    cached = previous.get(id(first))
+                    if cached is None or cached[0] != values:
+                        # Holding the values holds the first event, so its id() stays its own.
+                        cached = (values, _indented(entry, 2))
+                    kept[id(first)] = cached
+                    entries.append(cached[1])
+                text = "[\n    " + ",\n    ".join(entries) + "\n  ]"
+            else:
+                text = _indented(value, 1)
+            items.append(f"{json.dumps(key)}: {text}")
+        # Only the entries of this document: those of sites a fork left behind go.
+        self._entries = kept
+        return "{\n  " + ",\n  ".join(items) + "\n}" if items else "{}"
 
     def _may_replace(self, path: str) -> bool:
         """Whether ``path`` may be replaced: missing, or a regular file that does not hold the
@@ -218,8 +276,12 @@ class ReportFile:
             self._wake.clear()
             if self._closed:
                 return
+            rest = 0.0
             if self._dirty:
                 self._dirty = False
+                began = time.monotonic()
                 self.write()
+                rest = min(REST * (time.monotonic() - began), INTERVAL)
+                self._stop.wait(rest)
             # At most two writes a second for counts; a new site cuts the wait short.
-            self._wake.wait(INTERVAL)
+            self._wake.wait(INTERVAL - rest)

@@ -11,8 +11,10 @@ import contextlib
 import functools
 import gc
 import importlib.util
+import inspect
 import os
-from types import FrameType
+from pathlib import Path
+from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -23,7 +25,6 @@ from cgguard import _frames
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-    from pathlib import Path
     from types import ModuleType
 
     from cgguard._frames import FrameInfo, Snapshot
@@ -485,3 +486,169 @@ def test_capture_in_a_context_manager_is_reported_without_contextlib(
         THIS_FILE.frame("@enters-capturing", test),
         THIS_FILE.frame("@generator-captures", "capturing"),
     ]
+
+
+# --- the line of an instruction -------------------------------------------------------------
+
+# A generated module: each ``mark()`` line records (code, lasti, f_lineno) of the frame that
+# called it, among loops, handlers, a ``with``, continued lines, a nested function and a
+# generator, and past line 1,000 of one long function (inductor's output code is thousands).
+GENERATED_HEAD = """\
+import contextlib
+import sys
+
+seen = []
+
+
+def mark():
+    caller = sys._getframe(1)
+    seen.append((caller.f_code, caller.f_lasti, caller.f_lineno))
+
+
+def generated(n):
+    mark()
+    for i in range(n):
+        mark()
+        if i % 2:
+            mark()
+    try:
+        mark()
+        raise ValueError(n)
+    except ValueError:
+        mark()
+    finally:
+        mark()
+    total = (
+        n
+        + 1
+    )
+    mark()
+    with contextlib.nullcontext():
+        mark()
+
+    def nested():
+        mark()
+
+    nested()
+    gen = (mark() for _ in range(2))
+    list(gen)
+    # a comment, then blank lines
+
+"""
+GENERATED_FILLER = "    total += 1\n    mark()\n"
+GENERATED_TAIL = "    return total\n"
+
+
+def generated_module(filler: int) -> tuple[dict[str, Any], str]:
+    """The generated module run once (its namespace), and its source."""
+    source = GENERATED_HEAD.rstrip("\n") + "\n" + GENERATED_FILLER * filler + GENERATED_TAIL
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "<generated>", "exec"), namespace)  # noqa: S102 - fixed test source
+    namespace["generated"](3)
+    return namespace, source
+
+
+def walked_lines(code: CodeType) -> dict[int, int]:
+    """Each instruction offset's line from one walk of co_lines(): that of the first range
+    holding it that has a line. An offset without one has the function's first line."""
+    found: dict[int, int] = {}
+    for start, end, line in code.co_lines():
+        if line is not None:
+            for offset in range(start, end):
+                found.setdefault(offset, line)
+    return found
+
+
+def code_objects(code: CodeType) -> Iterator[CodeType]:
+    """``code`` and every code object nested in it."""
+    yield code
+    for constant in code.co_consts:
+        if isinstance(constant, CodeType):
+            yield from code_objects(constant)
+
+
+def test_line_of_is_the_line_python_reports_at_each_mark() -> None:
+    """Each marked instruction's line, in a generated function of over 1,000 lines, is the
+    frame's own f_lineno and the line its source shows: loops, handlers, a with, a generator."""
+    namespace, source = generated_module(600)
+    lines = source.splitlines()
+    m = [n for n, text in enumerate(lines, 1) if text.strip() == "mark()"]
+    (generator,) = [n for n, text in enumerate(lines, 1) if text.strip().startswith("gen = (")]
+    # generated(3): the loop's mark three times, the odd one once; the generator's twice.
+    expected = [m[0], m[1], m[1], m[2], m[1], *m[3:9], generator, generator, *m[9:]]
+    seen = namespace["seen"]
+    assert len(m) > 600
+    assert [lineno for _, _, lineno in seen] == expected
+    assert [_frames._line_of(code, lasti) for code, lasti, _ in seen] == expected
+
+
+def test_line_of_agrees_with_a_walk_of_co_lines_at_every_offset() -> None:
+    """At every offset of every code object of a standard-library module and the generated
+    function, -1 and past the end included, the line is the one a walk of co_lines() finds."""
+    namespace, _ = generated_module(600)
+    module = compile(Path(inspect.__file__).read_text(), inspect.__file__, "exec")
+    codes = [*code_objects(module), *code_objects(namespace["generated"].__code__)]
+    found, expected = [], []
+    for code in codes:
+        walked = walked_lines(code)
+        for lasti in range(-1, len(code.co_code) + 4):
+            found.append((code, lasti, _frames._line_of(code, lasti)))
+            expected.append((code, lasti, walked.get(lasti, code.co_firstlineno)))
+    assert len(codes) > 100
+    assert found == expected
+
+
+def test_line_of_without_an_instruction_is_the_first_line() -> None:
+    """lasti -1 (a frame not started), or past the last instruction: the function's first line."""
+    namespace, _ = generated_module(0)
+    code = namespace["generated"].__code__
+    lines = [_frames._line_of(code, lasti) for lasti in (-1, len(code.co_code), 10**9)]
+    assert lines == [code.co_firstlineno] * 3
+
+
+class CountedCode:
+    """A code object's stand-in that counts the ranges its co_lines() yields."""
+
+    def __init__(self, code: CodeType) -> None:
+        self.code = code
+        self.co_firstlineno = code.co_firstlineno
+        self.yielded = 0
+
+    def co_lines(self) -> Iterator[tuple[int, int, int | None]]:
+        for item in self.code.co_lines():
+            self.yielded += 1
+            yield item
+
+
+def test_line_of_walks_co_lines_once_per_code_object() -> None:
+    """Many lines looked up in one long function walk its co_lines() once in all, not once
+    per look-up: a violation per line of generated code costs the same at every line."""
+    namespace, _ = generated_module(2000)
+    code = namespace["generated"].__code__
+    counted = CountedCode(code)
+    offsets = range(0, len(code.co_code), 7)
+    lines = [_frames._line_of(counted, lasti) for lasti in offsets]  # type: ignore[arg-type]
+    walked = walked_lines(code)
+    assert (counted.yielded, lines) == (
+        len(list(code.co_lines())),
+        [walked.get(lasti, code.co_firstlineno) for lasti in offsets],
+    )
+
+
+def test_line_tables_are_bounded_and_hold_their_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Code made at run time keeps coming: the tables start again past their bound, and each
+    holds its code object, so that an id() is not reused while its table stands."""
+    monkeypatch.setattr(_frames, "_CACHE_MAX", 8)
+    monkeypatch.setattr(_frames, "_lines", {})
+    # Each code's last instruction, its return, is on its last line: line n + 1.
+    codes = [compile(f"x = {n}\n" * (n + 1), f"<made {n}>", "exec") for n in range(20)]
+    lines = [_frames._line_of(code, len(code.co_code) - 2) for code in codes]
+    assert lines == [n + 1 for n in range(20)]
+    assert len(_frames._lines) <= 8
+    assert all(entry[0] is codes[ident] for ident, entry in _by_code(codes).items())
+
+
+def _by_code(codes: list[CodeType]) -> dict[int, tuple[object, ...]]:
+    """The tables standing, by the index of their code in ``codes``."""
+    index = {id(code): n for n, code in enumerate(codes)}
+    return {index[key]: entry for key, entry in _frames._lines.items()}

@@ -21,7 +21,7 @@ import pytest
 from helpers import DISABLED_SENTENCE, SourceFile, run_seen, tracker
 
 import cgguard
-from cgguard import _events, _report_file, _schema, _threads, _warn
+from cgguard import _events, _report_file, _schema, _state, _threads, _warn
 from cgguard._frames import snapshot
 from cgguard.testing import capture_violations
 
@@ -1264,3 +1264,183 @@ def test_a_multiprocessing_worker_s_report_is_complete_when_it_ends(tmp_path: Pa
     worker = json.loads(result.stdout.splitlines()[-1])
     document = read_report(folder / f"r-{worker}.json")
     assert (document["totals"], len(document["violations"])) == ({"capture_disabled": 70}, 31)
+
+
+# --- the report's text ----------------------------------------------------------------------
+
+KERNEL = "def kernel(violate, snapshot):\n    violate(snapshot(0)[:2])\n"
+
+
+def exempted_event(site: dict[str, Any], exemption: str, **context: object) -> dict[str, Any]:
+    """The first capture_exempted event at ``site`` (without its timestamp), capture disabled
+    by config."""
+    return {
+        "event": "cgguard.capture_exempted",
+        "level": "debug",
+        "rule": "capture_disabled",
+        "action": "exempted",
+        "api": API,
+        "message": f"capture_disabled exempted by {exemption} (matched {where(site)}): "
+        f"{API} at {where(site)}",
+        "exemption": exemption,
+        "matched": site,
+        "count": 1,
+        "thread": "MainThread",
+        "thread_id": threading.get_ident(),
+        "pid": os.getpid(),
+        "stack": [site],
+        **context,
+    }
+
+
+def test_the_report_file_is_json_of_its_document_at_every_write(tmp_path: Path) -> None:
+    """At each write, the report's text is exactly what json.dumps(..., indent=2) writes of
+    the document the spec describes: counts current, sites first seen first, exempted too,
+    strings escaped (a file name with a quote, a backslash and non-ASCII letters)."""
+    folder = tmp_path / 'vendör "q" \\ x'
+    folder.mkdir()
+    (folder / "kernel.py").write_text(KERNEL)
+    namespace: dict[str, Any] = {}
+    exec(compile(KERNEL, str(folder / "kernel.py"), "exec"), namespace)  # noqa: S102 - fixed
+    kernel = namespace["kernel"]
+    exemption = "capture_disabled=*/vendör*/kernel.py"
+    report = tmp_path / "report.json"
+    cgguard.install(
+        cgguard.Config(
+            mode="log",
+            log_file=os.devnull,
+            report=str(report),
+            capture="disabled",
+            exempt=[exemption],
+        )
+    )
+    config = config_section(
+        mode="log", log_file=os.devnull, report=str(report), capture="disabled", exempt=[exemption]
+    )
+    function = "test_the_report_file_is_json_of_its_document_at_every_write"
+    a, b, c = (frame(f"text-{name}", function) for name in "abc")
+    k = {"file": str(folder / "kernel.py"), "line": 2, "function": "kernel"}
+    k["code"] = "violate(snapshot(0)[:2])"
+    seen = []
+
+    def written() -> dict[str, Any]:
+        """The report as on disk now, checked to be json.dumps's text of what it holds."""
+        text = report.read_text()
+        held = json.loads(text)
+        assert text == json.dumps(held, indent=2) + "\n"
+        document = stamped(held, "written_at")
+        assert re.fullmatch("[0-9a-f]{16}", document.pop("job"))
+        for key in ("violations", "exempted"):
+            document[key] = [v | {"first": stamped(v["first"])} for v in document[key]]
+        return document
+
+    for _ in range(2):
+        violate(here())  # text-a
+    violate(here())  # text-b
+    seen.append(written())
+    kernel(violate, snapshot)
+    at_c = here()  # text-c
+    violate(at_c)
+    seen.append(written())
+    violate(at_c)  # a count only, written by cgguard's own thread or at uninstall
+    cgguard.uninstall()
+    seen.append(written())
+    exempted = [{"rule": "capture_disabled", "count": 1, "exemption": exemption}]
+    exempted[0]["first"] = exempted_event(k, exemption)
+    assert seen == [
+        report_document(
+            config,
+            {"capture_disabled": 3},
+            [
+                {"rule": "capture_disabled", "count": 2, "first": disabled_event(a, 1)},
+                {"rule": "capture_disabled", "count": 1, "first": disabled_event(b, 1)},
+            ],
+        ),
+        report_document(
+            config,
+            {"capture_disabled": 4},
+            [
+                {"rule": "capture_disabled", "count": 2, "first": disabled_event(a, 1)},
+                {"rule": "capture_disabled", "count": 1, "first": disabled_event(b, 1)},
+                {"rule": "capture_disabled", "count": 1, "first": disabled_event(c, 1)},
+            ],
+            exempted_totals={"capture_disabled": 1},
+            exempted=exempted,
+        ),
+        report_document(
+            config,
+            {"capture_disabled": 5},
+            [
+                {"rule": "capture_disabled", "count": 2, "first": disabled_event(a, 1)},
+                {"rule": "capture_disabled", "count": 1, "first": disabled_event(b, 1)},
+                {"rule": "capture_disabled", "count": 2, "first": disabled_event(c, 1)},
+            ],
+            exempted_totals={"capture_disabled": 1},
+            exempted=exempted,
+        ),
+    ]
+
+
+def test_a_new_site_costs_the_report_the_same_however_many_came_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each new site's write encodes that site, not every site before it again: the 60th new
+    site costs the report as much JSON encoding as the 10th, give or take a few digits."""
+    # Every new site written at once, on this thread: each write is one new site's.
+    monkeypatch.setattr(_report_file, "WRITTEN_AT_ONCE", 1_000)
+    report = tmp_path / "report.json"
+    cgguard.install(
+        cgguard.Config(mode="log", log_file=os.devnull, report=str(report), capture="disabled")
+    )
+    encoded = [0]  # characters of JSON encoded with an indent: the report's, not the log's
+    encode = json.JSONEncoder.encode
+
+    def counted(self: json.JSONEncoder, value: object) -> str:
+        text = encode(self, value)
+        if self.indent is not None:
+            encoded[0] += len(text)
+        return text
+
+    monkeypatch.setattr(json.JSONEncoder, "encode", counted)
+    code = here()[0]
+    per_site = []
+    for n in range(60):
+        before = encoded[0]
+        violate((code, 2 * n))  # a site per instruction of this function
+        per_site.append(encoded[0] - before)
+    cgguard.uninstall()
+    assert len(read_report(report)["violations"]) == 60
+    # Each write encodes the new site's entry and the document's few other values.
+    assert min(per_site) > 500
+    assert max(per_site[10:]) - min(per_site[:10]) < 100, per_site
+
+
+def test_the_writing_thread_rests_after_a_write_and_uninstall_ends_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a write, cgguard's own thread rests before it writes a new site (here a minute
+    long), and uninstall() ends the rest at once: the thread is gone, the report complete."""
+    monkeypatch.setattr(_report_file, "WRITTEN_AT_ONCE", 0)  # every new site to the thread
+    monkeypatch.setattr(_report_file, "INTERVAL", 60.0)
+    monkeypatch.setattr(_report_file, "REST", 10**9)  # any write's rest: the whole INTERVAL
+    report = tmp_path / "report.json"
+    cgguard.install(
+        cgguard.Config(mode="log", log_file=os.devnull, report=str(report), capture="disabled")
+    )
+    assert _state.current is not None
+    writer = _state.current.reporter.report
+    assert writer is not None
+    code = here()[0]
+    violate((code, 0))
+    totals = [report_when(report, {"capture_disabled": 1})["totals"]]
+    violate((code, 2))
+    time.sleep(0.5)  # time enough to write, were the thread not resting
+    totals.append(read_report(report)["totals"])
+    thread = writer._thread
+    assert thread is not None
+    cgguard.uninstall()
+    totals.append(read_report(report)["totals"])
+    assert (totals, thread.is_alive()) == (
+        [{"capture_disabled": 1}, {"capture_disabled": 1}, {"capture_disabled": 2}],
+        False,
+    )
