@@ -460,15 +460,22 @@ class Tracker:
 
     def forget(self, kept: tuple[Record, ...] = ()) -> list[Record]:
         """Forget every capture under way but ``kept``; return the records forgotten."""
-        left = []
-        for key, record in list(self.active.items()):
-            if any(record is k for k in kept):
-                continue
-            # Popped only while it is this record: its thread may end it meanwhile.
-            if self.active.get(key) is record and self.active.pop(key, None) is record:
-                self._forget_events(key, record)
-                left.append(record)
-        return left
+        return [
+            record
+            for key, record in list(self.active.items())
+            if not any(record is k for k in kept) and self._drop(key, record)
+        ]
+
+    def _drop(self, key: int, record: Record) -> bool:
+        """Forget the capture at ``key`` if it is still ``record``; whether this call did.
+
+        Popped only while it is this record: its thread may end it meanwhile, and of two
+        threads that find it, one drops it.
+        """
+        if self.active.get(key) is record and self.active.pop(key, None) is record:
+            self._forget_events(key, record)
+            return True
+        return False
 
     def sweep(self) -> None:
         """Forget the captures of threads that have ended (each reported once), and the calling
@@ -491,9 +498,7 @@ class Tracker:
             warn_once("guard:threads", f"internal error while checking threads: {exc!r}")
             return
         for key, record in dead:
-            # Popped first: of two threads that find it, one reports it.
-            if self.active.get(key) is record and self.active.pop(key, None) is record:
-                self._forget_events(key, record)
+            if self._drop(key, record):  # dropped first: of two threads, one reports it
                 self._violated(
                     [("abandoned_capture", record)], record[API], record[BEGAN_AT], refuse=False
                 )
@@ -513,8 +518,7 @@ class Tracker:
             warn_once("guard:stale", f"internal error while checking captures: {exc!r}")
             return
         for key, record in stale:
-            if self.active.get(key) is record and self.active.pop(key, None) is record:
-                self._forget_events(key, record)
+            self._drop(key, record)
 
     def _began(self, record: Record, *, unknown: bool = False) -> bool:
         """Whether ``record``'s stream captures (``unknown`` where that cannot be told)."""
