@@ -8,8 +8,6 @@ bidirectional override. Standard library only, and no ``typing``: exemptions are
 the start-up path.
 """
 
-from __future__ import annotations
-
 # Escapes already made, by character: a hostile name repeats the same few.
 _ESCAPES: dict[str, str] = {}
 
