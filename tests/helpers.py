@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +137,26 @@ def torch_entry_points() -> tuple[str, ...]:
         if "_accelerator_synchronizeDevice" in vars(torch._C):
             points += ("torch._C._accelerator_synchronizeDevice",)
     return points
+
+
+class AliveThread:
+    """Stands in for another running thread, as captures remember it (a ThreadRef)."""
+
+    def __init__(self, ident: int) -> None:
+        self.ident = ident
+        self.name = f"thread-{ident}"
+
+    def __call__(self) -> object:
+        return self  # a live reference: the thread runs
+
+
+_stand_ins: dict[int, Any] = {}
+
+
+def thread(ident: int) -> Any:
+    """This thread for its own id; a stand-in, one per id, for any other."""
+    if ident == threading.get_ident():
+        from cgguard._threads import this_thread
+
+        return this_thread()
+    return _stand_ins.setdefault(ident, AliveThread(ident))

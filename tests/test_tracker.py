@@ -5,21 +5,23 @@ from __future__ import annotations
 import os
 import re
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from helpers import DISABLED_SENTENCE, SourceFile, tracker
+from helpers import DISABLED_SENTENCE, SourceFile, thread, tracker
 
 import cgguard
 from cgguard import _capture, _state
 from cgguard._capture import NO_TORCH, Tracker
-from cgguard._checks import Record, find_sync_violation, find_violations
 from cgguard._flags import Disabler
 from cgguard._install import CaptureInfo
 from cgguard._ledger import Run
 from cgguard._state import FLAG, LISTENERS
 from cgguard._threads import this_thread
 from cgguard._violations import Reporter
+
+if TYPE_CHECKING:
+    from cgguard._checks import Record
 
 CAPTURE_DISABLED, NESTED_CAPTURE, CONCURRENT_CAPTURE = (
     "capture_disabled",
@@ -85,152 +87,8 @@ def _no_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-class AliveThread:
-    """Stands in for another running thread, as captures remember it (a ThreadRef)."""
-
-    def __init__(self, ident: int) -> None:
-        self.ident = ident
-        self.name = f"thread-{ident}"
-
-    def __call__(self) -> object:
-        return self  # a live reference: the thread runs
-
-
-_threads: dict[int, Any] = {}
-
-
-def thread(ident: int) -> Any:
-    """This thread for its own id; a stand-in, one per id, for any other."""
-    if ident == threading.get_ident():
-        return this_thread()
-    return _threads.setdefault(ident, AliveThread(ident))
-
-
 def record(thread_id: int, key: int = 1, mode: str = "global") -> Record:
     return (key, thread(thread_id), _capture.API_GRAPH, mode, stack_of(outer_begins), None)
-
-
-def test_nothing_broken_when_enabled_and_idle() -> None:
-    """Capture enabled and nothing active: no rule is broken."""
-    assert find_violations(None, thread(7), "global", []) == []
-
-
-def test_disabled_breaks_capture_disabled() -> None:
-    """Capture disabled: the capture_disabled rule, with no record behind it."""
-    assert find_violations(DISABLED, thread(7), "global", []) == [(CAPTURE_DISABLED, DISABLED)]
-
-
-@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
-def test_active_capture_on_same_thread_is_nested(mode: str) -> None:
-    """A capture active on the same thread: nested_capture naming it, whatever either's mode."""
-    mine = record(7, 2, mode=mode)
-    others = record(8, 1, mode="thread_local")
-    assert find_violations(None, thread(7), mode, [mine]) == [(NESTED_CAPTURE, mine)]
-    found = find_violations(None, thread(7), "thread_local", [others, mine])
-    assert found == [(NESTED_CAPTURE, mine)]
-
-
-@pytest.mark.parametrize(
-    ("mode", "other_modes"),
-    [
-        ("thread_local", ("thread_local", "thread_local")),
-        ("thread_local", ("relaxed", "thread_local")),
-        ("relaxed", ("relaxed", "relaxed")),
-    ],
-)
-def test_active_capture_on_other_thread_is_legal(mode: str, other_modes: tuple[str, str]) -> None:
-    """Captures active only on other threads, none of them or this one global: no rule broken."""
-    active = [record(8, mode=other_modes[0]), record(9, 2, mode=other_modes[1])]
-    assert find_violations(None, thread(7), mode, active) == []
-
-
-@pytest.mark.parametrize(
-    ("mode", "other_mode"),
-    [
-        ("global", "global"),
-        ("global", "thread_local"),
-        ("global", "relaxed"),
-        ("thread_local", "global"),
-        ("relaxed", "global"),
-    ],
-)
-def test_other_threads_capture_with_global_is_concurrent(mode: str, other_mode: str) -> None:
-    """Another thread capturing, either of the two in global mode: concurrent_capture, naming it."""
-    other = record(8, mode=other_mode)
-    assert find_violations(None, thread(7), mode, [other]) == [(CONCURRENT_CAPTURE, other)]
-
-
-def test_concurrent_names_the_first_conflicting_capture() -> None:
-    """Several other threads capturing: the first capture that conflicts is the one named."""
-    quiet = record(8, 1, mode="thread_local")
-    first, second = record(9, 2, mode="global"), record(10, 3, mode="global")
-    assert find_violations(None, thread(7), "thread_local", [quiet, first, second]) == [
-        (CONCURRENT_CAPTURE, first)
-    ]
-
-
-def test_both_rules_reported_in_order() -> None:
-    """Disabled and nested at once: both, the process-wide rule first."""
-    mine = record(7)
-    assert find_violations(DISABLED, thread(7), "global", [mine]) == [
-        (CAPTURE_DISABLED, DISABLED),
-        (NESTED_CAPTURE, mine),
-    ]
-
-
-def test_all_three_rules_reported_in_order() -> None:
-    """Disabled, nested and concurrent at once: in that order, each with its own cause."""
-    mine, other = record(7, 1), record(8, 2)
-    assert find_violations(DISABLED, thread(7), "global", [other, mine]) == [
-        (CAPTURE_DISABLED, DISABLED),
-        (NESTED_CAPTURE, mine),
-        (CONCURRENT_CAPTURE, other),
-    ]
-
-
-@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
-def test_sync_on_a_capturing_thread_names_its_capture(mode: str) -> None:
-    """A synchronize on a thread with an active capture breaks the rule, naming that capture."""
-    mine = record(7, 2, mode=mode)
-    assert find_sync_violation(thread(7), [record(8, 1), mine]) is mine
-
-
-@pytest.mark.parametrize("query", [False, True])
-def test_sync_on_a_thread_not_capturing_is_legal_unless_another_captures_globally(
-    query: bool,
-) -> None:
-    """Another thread's thread_local or relaxed capture leaves this thread's calls alone; a
-    global one prohibits them (cudaStreamCaptureModeGlobal)."""
-    local, relaxed = record(8, 1, mode="thread_local"), record(9, 2, mode="relaxed")
-    assert find_sync_violation(thread(7), [local, relaxed], query=query) is None
-    wide = record(10, 3, mode="global")
-    assert find_sync_violation(thread(7), [local, wide, relaxed], query=query) is wide
-
-
-def test_own_capture_comes_before_another_threads_global_one() -> None:
-    """The cause named is this thread's capture where it has one."""
-    wide, mine = record(8, 1, mode="global"), record(7, 2, mode="thread_local")
-    assert find_sync_violation(thread(7), [wide, mine]) is mine
-
-
-@pytest.mark.parametrize("query", [False, True])
-def test_an_event_recorded_in_a_capture_is_its_cause_on_any_thread(query: bool) -> None:
-    """cudaErrorCapturedEvent holds in every mode; a prohibited thread's own capture comes
-    first, since CUDA refuses its unsafe call before looking at the event."""
-    local = record(8, 1, mode="thread_local")
-    assert find_sync_violation(thread(7), [local], query=query, captured_in=local) is local
-    relaxed = record(7, 2, mode="relaxed")
-    assert find_sync_violation(thread(7), [relaxed, local], query=query, captured_in=local) is local
-    mine = record(7, 3, mode="global")
-    assert find_sync_violation(thread(7), [local, mine], query=query, captured_in=local) is mine
-
-
-def test_a_query_during_a_relaxed_capture_is_legal_unless_of_its_stream() -> None:
-    """Relaxed mode lets a query through, but not one of the capturing stream itself."""
-    mine = record(7, 1, mode="relaxed")
-    assert find_sync_violation(thread(7), [mine], query=True) is None
-    assert find_sync_violation(thread(7), [mine], query=True, on_capturing_stream=True) is mine
-    assert find_sync_violation(thread(7), [mine]) is mine  # a synchronize is reported
 
 
 def test_a_capture_is_active_from_the_moment_torch_begins_it() -> None:
