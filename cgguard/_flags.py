@@ -134,8 +134,8 @@ class Windows:
             # The read inline, not through a method: this runs on every capture while a
             # predicate window is declared.
             try:
-                inside = predicate.read()
-            except Exception as exc:
+                inside = bool(predicate.read())
+            except Exception as exc:  # the capture path never raises for a window's state
                 inside = predicate.unreadable(exc)
             if inside:
                 if stack is not None:

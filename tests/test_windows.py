@@ -465,3 +465,23 @@ def test_a_window_declared_while_its_module_is_imported_resolves_at_its_end(fw: 
         "capture_model",
         True,
     ) == (cgguard.status().windows, wrapped.__name__, hasattr(wrapped, "__wrapped__"))
+
+
+class Unreadable:
+    def __bool__(self) -> bool:
+        raise RuntimeError("no truth")
+
+
+def test_a_window_state_that_cannot_be_read_counts_as_inside(
+    fw: Path, cuda: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A predicate whose value cannot be told true or false never fails the capture: it
+    counts as inside, with one warning naming the window."""
+    cgguard.install(cgguard.Config(windows="fw.runner:FLAG", log_file=os.devnull))
+    runner, plugin = modules()
+    runner.FLAG = Unreadable()
+    plugin.serve()
+    plugin.serve()
+    assert capsys.readouterr().err == (
+        "cgguard: cannot read the capture window fw.runner:FLAG: RuntimeError('no truth')\n"
+    )
