@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from cgguard._checks import Found, Record
-    from cgguard._flags import CaptureFlag, FlagSource
+    from cgguard._flags import CaptureFlag, FlagSource, Windows
     from cgguard._frames import LiveStack, Snapshot
     from cgguard._violations import Reporter
 
@@ -114,7 +114,7 @@ class Tracker:
         reporter: Reporter,
         *,
         flag: CaptureFlag,
-        follows: list[FlagSource],
+        follows: list[FlagSource | Windows],
     ) -> None:
         self.probes = probes
         # Replaced whole by install(), read once per violation.
@@ -301,8 +301,17 @@ class Tracker:
         active captures it was checked against."""
         record = (key, this_thread(), api, mode, stack, stream)
         # The common case costs three reads: nothing capturing, capture enabled, no followed flag.
-        if not self.active and self.flag.enabled and not self.follows:
-            return record, ()
+        if not self.active and self.flag.enabled:
+            follows = self.follows
+            if not follows:
+                return record, ()
+            # With no capture under way there is nothing to sweep: a followed flag or an open
+            # window that allows costs its own read alone.
+            for source in follows:
+                if not source.enabled(stack):
+                    break
+            else:
+                return record, ()
         if self.retired:
             return record, ()
         self.sweep()
@@ -310,7 +319,7 @@ class Tracker:
             # Keys first: a capture begun between the two reads is checked now and, not being
             # among the keys, once more at capture_begin; none is missed.
             seen = tuple(self.active)
-            disabled = disabled_by(self.flag, self.follows)
+            disabled = disabled_by(self.flag, self.follows, stack)
             found = find_violations(disabled, record[THREAD], mode, list(self.active.values()))
         except Exception as exc:
             warn_once(

@@ -10,7 +10,19 @@ from typing import TYPE_CHECKING, Literal, NoReturn, cast
 from cgguard import _exempt_syntax, _settings
 from cgguard._errors import ConfigError
 from cgguard._rules import ACTIONS, NAMES, RULES
-from cgguard._settings import BOOL, EXEMPT, PATH, SETTINGS, Setting, is_path, shown
+from cgguard._settings import (
+    BOOL,
+    EXEMPT,
+    PATH,
+    SETTINGS,
+    WINDOW_SYNTAX,
+    WINDOWS,
+    Setting,
+    is_path,
+    is_window,
+    shown,
+    window_entries,
+)
 from cgguard._text import plain
 from cgguard._warn import warn_once
 
@@ -22,6 +34,9 @@ Capture = Literal["enabled", "disabled"]
 # What Config(exempt=...) takes: "RULE=PLACE" entries (";" between them in one str), (rule,
 # place) pairs, or a mapping of rule to places. It keeps the pairs.
 Exempt = str | Iterable[str | tuple[str, str]] | Mapping[str, str | Iterable[str]] | None
+# What Config(windows=...) takes: "module:qualname" entries ("," between them in one str), or
+# an iterable of them. It keeps the entries, each once, in order.
+Windows = str | Iterable[str] | None
 
 
 class Rules(dict[str, Action]):
@@ -60,6 +75,9 @@ class Config:
     ahead, counted, when the place (a module, a file glob or ``module:qualname``) is on its
     stack; given as "RULE=PLACE" entries (";" between them), pairs, or a mapping of rule to
     places. ``exempt_file``: a file of more exemptions, read at install (docs/exemptions.md).
+    ``windows``: capture windows, "module:qualname" entries ("," between them in one str):
+    once one has been entered and closed, a capture outside every open window breaks
+    capture_disabled (docs/integrations.md#capture-windows).
     """
 
     # The types are here for type checkers; values and defaults come from cgguard._settings.
@@ -74,6 +92,7 @@ class Config:
     vllm_bridge: bool = dataclasses.field(default=SETTINGS["vllm_bridge"].default)
     exempt: tuple[tuple[str, str], ...] = dataclasses.field(default=SETTINGS["exempt"].default)
     exempt_file: str | None = dataclasses.field(default=SETTINGS["exempt_file"].default)
+    windows: tuple[str, ...] = dataclasses.field(default=SETTINGS["windows"].default)
 
     if TYPE_CHECKING:
         # What type checkers see of the __init__ that dataclasses writes: it takes the paths
@@ -91,6 +110,7 @@ class Config:
             vllm_bridge: bool = ...,
             exempt: Exempt = ...,
             exempt_file: str | os.PathLike[str] | None = ...,
+            windows: Windows = ...,
         ) -> None: ...
 
     def __post_init__(self) -> None:
@@ -114,7 +134,7 @@ class Config:
         """The configuration as plain JSON-ready values."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         exempt = [_exempt_syntax.text(pair) for pair in self.exempt]
-        return fields | {"rules": dict(self.rules), "exempt": exempt}
+        return fields | {"rules": dict(self.rules), "exempt": exempt, "windows": list(self.windows)}
 
     def target(self) -> LogTarget:
         """Where events go: the explicit target, else the file when one is set, else stderr."""
@@ -147,6 +167,8 @@ def _checked(setting: Setting, value: object) -> object:
     """
     if setting.choices is EXEMPT:
         return _checked_exempt(value)
+    if setting.choices is WINDOWS:
+        return _checked_windows(value)
     try:
         kept = _plain(setting, value)
     except Exception as exc:
@@ -201,6 +223,35 @@ def _checked_exempt(value: object) -> tuple[tuple[str, str], ...]:
                 + _exempt_syntax.SYNTAX.partition("PLACE ")[2]
             )
         raise ConfigError(f"Config(exempt={shown(value)}): {reason}") from exc
+
+
+def _checked_windows(value: object) -> tuple[str, ...]:
+    """Capture windows as a Config keeps them: entries, each once; else ConfigError naming the
+    entry refused and the accepted form."""
+    accepted = (
+        "accepted values are None, module:qualname entries (',' between them in a str) or an "
+        f"iterable of them, each {WINDOW_SYNTAX}"
+    )
+    if value is None:
+        return ()
+    text = plain(value)
+    if text is not None:
+        entries, refused = window_entries(text)
+        if refused:
+            raise ConfigError(
+                f"Config(windows={shown(value)}): entry {shown(refused[0])}; {accepted}"
+            )
+        return tuple(entries)
+    try:
+        items = [plain(item) for item in value] if isinstance(value, Iterable) else None
+    except Exception as exc:  # an iterable whose own methods fail
+        raise ConfigError(f"Config(windows={shown(value)}): {exc!r}; {accepted}") from exc
+    if items is None:
+        raise ConfigError(f"Config(windows={shown(value)}): {accepted}")
+    for item in items:
+        if item is None or not is_window(item.strip()):
+            raise ConfigError(f"Config(windows={shown(value)}): entry {shown(item)}; {accepted}")
+    return tuple(dict.fromkeys(item.strip() for item in items if item is not None))
 
 
 def _checked_rules(rules: object) -> Rules:

@@ -1,16 +1,19 @@
-"""Capture flags: cgguard's own and other frameworks', and which of them disables capture."""
+"""Capture flags: cgguard's own and other frameworks', capture windows, and which of them
+disables capture."""
 
 from __future__ import annotations
 
+from types import FrameType
 from typing import TYPE_CHECKING, NamedTuple
 
+from cgguard._frames import resolve, snapshot_from
 from cgguard._warn import warn_once
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
     from types import ModuleType
 
-    from cgguard._frames import Snapshot
+    from cgguard._frames import LiveStack, Snapshot
 
 
 class CaptureFlag:
@@ -31,13 +34,15 @@ class CaptureFlag:
 class FlagSource:
     """Another framework's capture flag: a module attribute, and where its setter last set it."""
 
+    how = ""  # what the message adds to where the flag was set: nothing
+
     def __init__(self, module: ModuleType, attribute: str) -> None:
         self.module = module
         self.attribute = attribute
         self.label = f"{module.__name__}.{attribute}"
         self.changed_at: Snapshot | None = None
 
-    def enabled(self) -> bool:
+    def enabled(self, stack: object = None) -> bool:
         """The flag's value; a flag that cannot be read allows, with one warning naming it."""
         try:
             return bool(getattr(self.module, self.attribute, True))
@@ -46,18 +51,144 @@ class FlagSource:
             return True
 
 
+class Predicate:
+    """A capture window over framework state: ``read()`` is true while captures belong.
+
+    ``read`` runs on the capturing thread, at each capture attempt while windows are watched.
+    """
+
+    __slots__ = ("entry", "kind", "read")
+
+    def __init__(self, entry: str, kind: str, read: Callable[[], object]) -> None:
+        self.entry = entry
+        self.kind = kind  # "module attribute", "ContextVar" or "thread-local attribute"
+        self.read = read
+
+    def unreadable(self, exc: Exception) -> bool:
+        """A read that failed: one warning naming the window, and it counts as inside."""
+        warn_once(f"window:{self.entry}", f"cannot read the capture window {self.entry}: {exc!r}")
+        return True
+
+
+class Windows:
+    """The capture windows, as one more thing that disables capture once one has been entered.
+
+    Process-wide, as vLLM's own flag is: a function window is open while any thread runs it.
+    It joins the followed flags (cgguard._state.FOLLOWED) only once a function window has
+    first been entered or a predicate window is declared, so that until then the capture path
+    pays nothing for it. Where capture was disabled is the return of the window function that
+    closed last, or, for a predicate window, the last capture seen inside it.
+    """
+
+    def __init__(self) -> None:
+        # One item per call of a window function under way, on any thread: list.append and
+        # list.pop are atomic, where a counter's += would need a lock on every call.
+        self.calls: list[None] = []
+        self.entered = False
+        self.predicates: tuple[Predicate, ...] = ()
+        # The window that closed last, what closed it ("returned", or a capture seen inside
+        # a predicate window) and where: the cause of a refusal, told only when one is made.
+        self.closed: tuple[str, str, Snapshot] | None = None
+        # Called once when the first window is entered: joins the followed flags.
+        self.on_entered: Callable[[], None] = _nothing
+
+    @property
+    def label(self) -> str | None:
+        closed = self.closed
+        return f"the capture window {closed[0]}" if closed is not None else None
+
+    @property
+    def changed_at(self) -> Snapshot | None:
+        closed = self.closed
+        return closed[2] if closed is not None else None
+
+    @property
+    def how(self) -> str:
+        closed = self.closed
+        if closed is None:
+            return ""
+        entry, what, _ = closed
+        if what == RETURNED:
+            return f", where the capture window {entry} returned"
+        return f", the last capture seen inside the capture window {entry}"
+
+    def enter_first(self) -> None:
+        """The first call of a window function: the windows are watched from now on."""
+        if not self.entered:
+            self.entered = True
+            self.on_entered()
+
+    def close(self, entry: str, caller: FrameType) -> None:
+        """The last call of a window function under way returned to ``caller``, or raised."""
+        self.closed = (entry, RETURNED, snapshot_from(caller))
+
+    def enabled(self, stack: Snapshot | LiveStack | None = None) -> bool:
+        """Whether a capture may begin now: inside an open window, or before any was entered.
+
+        ``stack`` is the capture's, when a capture asks: a predicate window seen true then is
+        entered, and the capture is the last seen inside it.
+        """
+        if self.calls:
+            return True
+        for predicate in self.predicates:
+            # The read inline, not through a method: this runs on every capture while a
+            # predicate window is declared.
+            try:
+                inside = bool(predicate.read())
+            except Exception as exc:  # the capture path never raises for a window's state
+                inside = predicate.unreadable(exc)
+            if inside:
+                if stack is not None:
+                    top = stack[0]
+                    code = top.f_code if type(top) is FrameType else top
+                    closed = self.closed
+                    # Captures made in a loop, at the line seen last: that stack holds.
+                    if (
+                        closed is None
+                        or closed[0] is not predicate.entry
+                        or closed[2][0] is not code
+                        or closed[2][1] != stack[1]
+                    ):
+                        self.closed = (predicate.entry, SEEN_INSIDE, resolve(stack))
+                    if not self.entered:
+                        self.entered = True
+                return True
+        return not self.entered
+
+    def forget(self) -> None:
+        """No window entered or closed yet; calls under way still leave."""
+        self.entered = False
+        self.closed = None
+
+
+RETURNED = "returned"
+SEEN_INSIDE = "seen inside"
+
+
+def _nothing() -> None:
+    return None
+
+
 class Disabler(NamedTuple):
     """Which flag disables capture, and where it was set: the cause of a refused capture."""
 
     label: str | None  # a followed flag's module.attribute; None for cgguard's own
     changed_at: Snapshot | None  # None: by configuration, or by a setter cgguard never saw
+    how: str = ""  # what the message adds after where: which window closed there
 
 
-def disabled_by(flag: CaptureFlag, follows: Iterable[FlagSource]) -> Disabler | None:
-    """What disables capture now, cgguard's flag first; None when every flag allows it."""
+def disabled_by(
+    flag: CaptureFlag,
+    follows: Iterable[FlagSource | Windows],
+    stack: Snapshot | LiveStack | None = None,
+) -> Disabler | None:
+    """What disables capture now, cgguard's flag first; None when every flag allows it.
+
+    ``stack`` is the capture's, when a capture asks (the windows keep it).
+    """
     if not flag.enabled:
         return Disabler(None, flag.changed_at)
     for source in list(follows):
-        if not source.enabled():
-            return Disabler(source.label, source.changed_at)
+        if not source.enabled(stack):
+            return Disabler(source.label, source.changed_at, source.how)
     return None

@@ -42,7 +42,10 @@ class _Follow:
     def apply(self, module: ModuleType) -> None:
         import wrapt
 
-        if any(s.module is module and s.attribute == self.attribute for s in _state.FOLLOWED):
+        if any(
+            isinstance(s, FlagSource) and s.module is module and s.attribute == self.attribute
+            for s in _state.FOLLOWED
+        ):
             return  # followed already, under another of its names
         source = FlagSource(module, self.attribute)
 
@@ -107,7 +110,7 @@ def follow_vllm(enabled: bool) -> None:
 
 def waiting() -> list[str]:
     """The modules whose flags will be followed once they are imported."""
-    followed = {id(s.module) for s in _state.FOLLOWED}
+    followed = {id(s.module) for s in _state.FOLLOWED if isinstance(s, FlagSource)}
     # vLLM's flag is one flag under either layout: once followed, no other name is awaited.
     vllm = [] if any(f.source is not None for f in _vllm) else _vllm
     return [

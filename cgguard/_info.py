@@ -49,10 +49,14 @@ def _configuration(environ: Mapping[str, str]) -> list[str]:
             source = sources.get(field, "default")
             lines += [f"  {field:<14} {_exempt_syntax.text(pair)} ({source})" for pair in value]
             continue
+        if field == "windows" and value:
+            source = sources.get(field, "default")
+            lines += [f"  {'window':<14} {entry} ({source})" for entry in value]
+            continue
         shown = value
         if value is None or value == ():
             shown = config.target() if field == "log_target" else setting.unset
-        lines.append(f"  {field:<14} {shown!s:<12} ({_source(field, sources)})")
+        lines.append(f"  {setting.name:<14} {shown!s:<12} ({_source(field, sources)})")
         if field == "exempt_file" and value is not None:
             found = _settings.exemptions_file(value)[0]
             lines += [f"  {'exempt':<14} {_exempt_syntax.text(pair)} ({value})" for pair in found]

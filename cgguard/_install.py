@@ -11,11 +11,12 @@ import sys
 import threading
 from typing import TYPE_CHECKING, NamedTuple
 
-from cgguard import _events, _follow, _settings, _startup, _state
+from cgguard import _events, _follow, _settings, _startup, _state, _windows
 from cgguard._checks import API, BEGAN_AT, MODE, THREAD
 from cgguard._config import Config
 from cgguard._errors import ConfigError
 from cgguard._exempt_match import Exemptions
+from cgguard._flags import FlagSource
 from cgguard._installation import Installation
 from cgguard._ledger import Run
 from cgguard._log import EventLog
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
     from cgguard._checks import Record
     from cgguard._frames import FrameInfo
+    from cgguard._windows import WindowInfo
 
 PATCH_ON_IMPORT = "cgguard._install:patch_on_import"
 
@@ -63,6 +65,8 @@ class Status:
     exempted: dict[str, int] = dataclasses.field(default_factory=dict)
     # The exemptions in effect, as written: Config(exempt=...) and the exemptions file's.
     exemptions: tuple[str, ...] = ()
+    # The capture windows declared, each with what it names and its state now.
+    windows: tuple[WindowInfo, ...] = ()
 
 
 def install(config: Config | None = None) -> None:
@@ -99,6 +103,7 @@ def uninstall() -> None:
     with _lock:
         _startup.cancel("torch", PATCH_ON_IMPORT)
         _follow.unfollow_all()  # follow_flag() made before install() too
+        _windows.forget_all()
         installation = _state.current
         if installation is None:
             return
@@ -124,7 +129,9 @@ def status() -> Status:
     """What cgguard is doing in this process now: a snapshot, for people and tests."""
     with _lock:
         installation = _state.current
-        followed = tuple(source.label for source in _state.FOLLOWED)
+        followed = tuple(
+            source.label for source in _state.FOLLOWED if isinstance(source, FlagSource)
+        )
         if installation is None:
             return Status(
                 installed=False,
@@ -156,6 +163,7 @@ def status() -> Status:
             config=reporter.config,
             exempted=reporter.run.tally.totals(),
             exemptions=tuple(_exempt_texts(reporter.exemptions)),
+            windows=tuple(_windows.windows()),
         )
 
 
@@ -216,6 +224,7 @@ def _configure(installation: Installation | None, config: Config) -> Installatio
     if config.capture is not None:
         FLAG.set(config.capture == "enabled", None)
     _follow.follow_vllm(config.vllm_bridge)
+    _windows.declare(config.windows)
     return installation
 
 

@@ -22,9 +22,13 @@ from cgguard._settings import (
     PATH,
     RULE_PREFIX,
     SETTINGS,
+    WINDOW_SEPARATOR,
+    WINDOW_SYNTAX,
+    WINDOWS,
     accepted,
     is_path,
     shown,
+    window_entries,
 )
 from cgguard._startup import ENABLED
 
@@ -85,6 +89,15 @@ def run_parser() -> argparse.ArgumentParser:
                 metavar="RULE=PLACE",
                 help=f"exemptions, {accepted(EXEMPT)}; repeatable; sets {setting.variable}",
             )
+        elif setting.choices is WINDOWS:
+            parser.add_argument(
+                setting.option,
+                dest=setting.field,
+                action="append",
+                type=_windows,
+                metavar="MODULE:QUALNAME",
+                help=f"capture windows, {accepted(WINDOWS)}; repeatable; sets {setting.variable}",
+            )
         else:
             metavar = "PATH" if setting.choices is PATH else "{" + ",".join(setting.choices) + "}"
             parser.add_argument(
@@ -135,6 +148,16 @@ def _exemptions(text: str) -> str:
             f"{shown(text)}: no exemption; an entry is {_exempt_syntax.SYNTAX}"
         )
     return text
+
+
+def _windows(text: str) -> str:
+    # As for exemptions: the runner stops on an entry of the wrong form.
+    entries, refused = window_entries(text)
+    if refused:
+        raise argparse.ArgumentTypeError(f"{shown(refused[0])}: an entry is {WINDOW_SYNTAX}")
+    if not entries:
+        raise argparse.ArgumentTypeError(f"{shown(text)}: no window; an entry is {WINDOW_SYNTAX}")
+    return WINDOW_SEPARATOR.join(entries)
 
 
 def _unmet(options: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
@@ -331,6 +354,9 @@ def program_environ(options: argparse.Namespace, environ: Mapping[str, str]) -> 
         elif setting.choices is EXEMPT:
             if value:  # repeated: one entry list, as the variable holds it
                 env[setting.variable] = _exempt_syntax.SEPARATOR.join(value)
+        elif setting.choices is WINDOWS:
+            if value:
+                env[setting.variable] = WINDOW_SEPARATOR.join(value)
         elif setting.choices is PATH and value is not None:
             # Where the command line was typed: a program that changes directory first (a
             # launch script, a Ray worker in its session folder) reads the same file.

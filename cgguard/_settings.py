@@ -26,6 +26,13 @@ PATH = ()  # free text: a path
 EXEMPT = (
     "RULE=PLACE",
 )  # exemptions: RULE=PLACE entries, separated by ";" (cgguard._exempt_syntax)
+WINDOWS = ("module:qualname",)  # capture windows: entries separated by "," (cgguard._windows)
+WINDOW_SEPARATOR = ","
+WINDOW_SYNTAX = (
+    "module:qualname, naming a function or method (a capture window while it runs), or a "
+    "module attribute, a ContextVar or a threading.local's attribute (module:local.attr), "
+    "true while captures belong"
+)
 
 PREFIX = "CGGUARD_"
 RULE_PREFIX = "CGGUARD_RULE_"
@@ -39,13 +46,21 @@ SHOWN = 200
 class Setting:
     """One Config field: its variable, what it accepts, its default, and what unset means."""
 
-    __slots__ = ("choices", "default", "field", "unset", "variable")
+    __slots__ = ("choices", "default", "field", "name", "unset", "variable")
 
     def __init__(
-        self, field: str, choices: "tuple[str, ...]", default: "Any", unset: str = ""
+        self,
+        field: str,
+        choices: "tuple[str, ...]",
+        default: "Any",
+        unset: str = "",
+        *,
+        name: str = "",
     ) -> None:
         self.field = field
-        self.variable = "CGGUARD_" + field.upper()
+        # The variable's and the option's name, where it is not the field's: one window each.
+        self.name = name or field
+        self.variable = "CGGUARD_" + self.name.upper()
         # BOOL for a boolean, PATH for free text, else the accepted values.
         self.choices = choices
         self.default: Any = default
@@ -54,7 +69,7 @@ class Setting:
     @property
     def option(self) -> str:
         """The runner's option: ``--log-file``; a boolean's has a ``--no-`` form as well."""
-        return "--" + self.field.replace("_", "-")
+        return "--" + self.name.replace("_", "-")
 
     def parse(self, raw: str) -> object:
         """The value of ``raw`` (case-insensitive); None when it is not accepted."""
@@ -67,6 +82,8 @@ class Setting:
 
             pairs = tuple(_exempt_syntax.parse(raw)[0])
             return pairs or None
+        if self.choices is WINDOWS:
+            return tuple(window_entries(raw)[0]) or None
         folded = raw.strip().lower()
         return folded if folded in self.choices else None
 
@@ -86,6 +103,7 @@ SETTINGS: "dict[str, Setting]" = {
         Setting("vllm_bridge", BOOL, True),
         Setting("exempt", EXEMPT, (), "none"),
         Setting("exempt_file", PATH, None, "none"),
+        Setting("windows", WINDOWS, (), "none", name="window"),
     )
 }
 
@@ -142,6 +160,8 @@ def accepted(choices: "tuple[str, ...]") -> str:
         from cgguard import _exempt_syntax
 
         return f"entries separated by {_exempt_syntax.SEPARATOR!r}, each {_exempt_syntax.SYNTAX}"
+    if choices is WINDOWS:
+        return f"entries separated by {WINDOW_SEPARATOR!r}, each {WINDOW_SYNTAX}"
     return ", ".join(choices)
 
 
@@ -174,6 +194,13 @@ def read(environ: "Mapping[str, str]") -> "tuple[dict[str, object], dict[str, st
                 sources[setting.field] = setting.variable
                 problems += catch_alls(pairs)
             continue
+        if setting.choices is WINDOWS and isinstance(raw, str):
+            windows, unformed = window_entries(raw)
+            problems += [refused_window(entry, setting.variable) for entry in unformed]
+            if windows:
+                values[setting.field] = tuple(windows)
+                sources[setting.field] = setting.variable
+            continue
         value = setting.parse(raw) if isinstance(raw, str) else None
         if value is None:
             problems.append(
@@ -204,6 +231,35 @@ def refused_entry(entry: str, reason: str, where: str) -> str:
     if not reason.startswith("no rule"):  # that one lists what is accepted already
         line += f"; an entry is {_exempt_syntax.SYNTAX}"
     return line
+
+
+def window_entries(raw: str) -> "tuple[list[str], list[str]]":
+    """The capture windows of ``raw``, entries separated by commas, and the entries refused.
+
+    An entry is ``module:qualname``: a dotted module name, a colon, dotted names within it.
+    What it names (a function, or state to read) is known only once the module is imported.
+    """
+    entries: list[str] = []
+    refused: list[str] = []
+    for part in raw.split(WINDOW_SEPARATOR):
+        entry = part.strip()
+        if not entry:
+            continue
+        (entries if is_window(entry) else refused).append(entry)
+    return list(dict.fromkeys(entries)), refused
+
+
+def is_window(entry: str) -> bool:
+    """Whether ``entry`` has a window's form, ``module:qualname``, each part of dotted names."""
+    module, colon, qualname = entry.partition(":")
+    return bool(colon) and all(
+        name.isidentifier() for part in (module, qualname) for name in part.split(".")
+    )
+
+
+def refused_window(entry: str, where: str) -> str:
+    """The problem line of a capture window entry that is ignored, ``where`` it was given."""
+    return f"ignoring the capture window {shown(entry)} in {where}: an entry is {WINDOW_SYNTAX}"
 
 
 def catch_alls(pairs: "Iterable[Pair]") -> "list[str]":

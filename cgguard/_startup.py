@@ -138,6 +138,40 @@ def when_imported(name: str, hook: "Hook") -> None:
             sys.meta_path.insert(0, _finder)
 
 
+def is_initializing(module: "ModuleType") -> bool:
+    """Whether ``module`` is still being executed by its import: listed in sys.modules, its
+    names not all defined yet (a post-import hook on torch can fire inside it)."""
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+def when_initialized(module: "ModuleType", hook: "Callable[[ModuleType], object]") -> None:
+    """Call ``hook(module)`` once the import executing ``module`` now has finished.
+
+    The import system marks the end on the module's spec (``spec._initializing = False``, in
+    a ``finally``), so the spec's class is swapped for one that sees that assignment: nothing
+    else is changed, and the spec is its own class again at once. A failed import calls no
+    hook: the module is no longer in sys.modules then.
+    """
+    spec: Any = module.__spec__
+    base: Any = type(spec)
+
+    class _Finishing(base):  # type: ignore[misc]  # importlib's ModuleSpec, whatever it is
+        def __setattr__(self, name: str, value: object) -> None:
+            base.__setattr__(self, name, value)
+            if name == "_initializing" and not value:
+                self.__class__ = base
+                if sys.modules.get(module.__name__) is module:
+                    try:
+                        hook(module)
+                    except Exception as exc:
+                        _warn(
+                            f"hook:{module.__name__}",
+                            f"error after importing {module.__name__}, ignored: {exc!r}",
+                        )
+
+    spec.__class__ = _Finishing
+
+
 def cancel(name: str, hook: "Hook") -> None:
     """Forget a hook registered with when_imported(), if it has not run yet."""
     with _lock:

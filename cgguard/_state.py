@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cgguard._flags import CaptureFlag, FlagSource, disabled_by
+from cgguard._flags import CaptureFlag, FlagSource, Windows, disabled_by
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -24,7 +24,11 @@ FLAG = CaptureFlag()
 
 # Other frameworks' capture flags followed (cgguard._follow): part of what "capture enabled"
 # means, so process-wide like cgguard's own flag.
-FOLLOWED: list[FlagSource] = []
+FOLLOWED: list[FlagSource | Windows] = []
+
+# The capture windows (cgguard._windows): in FOLLOWED once one has been entered, or a predicate
+# window is declared.
+WINDOWS = Windows()
 
 # Called with every violation's full event, whatever the logging (cgguard.testing, the pytest
 # plugin): a test subscribes before it installs.
@@ -47,4 +51,5 @@ def reset() -> None:
     """
     FLAG.set(True, None)
     FOLLOWED.clear()
+    WINDOWS.forget()
     LISTENERS.clear()

@@ -259,9 +259,9 @@ def _event(
     blames = RULES[rule].blames
     if blames == BLAMES_FLAG or cause is None:
         disabler = cast("Disabler | None", cause)
-        label, origin = disabler if disabler is not None else (None, None)
+        label, origin, how = disabler if disabler is not None else (None, None, "")
         if origin is not None:
-            told = Cause("capture was disabled at {where}")
+            told = Cause("capture was disabled at {where}" + how)
         elif label is None:
             told = Cause("capture was disabled by cgguard's configuration at start")
         else:

@@ -104,6 +104,7 @@ DEFAULT_CONFIGURATION = [
     "  vllm_bridge    True         (default)",
     "  exempt         none         (default)",
     "  exempt_file    none         (default)",
+    "  window         none         (default)",
     "  rule           capture_disabled: raise (default)",
     "  rule           nested_capture: raise (default)",
     "  rule           concurrent_capture: log (default)",

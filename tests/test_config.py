@@ -21,6 +21,7 @@ DEFAULTS = {
     "vllm_bridge": True,
     "exempt": (),
     "exempt_file": None,
+    "windows": (),
 }
 RULES = (
     "capture_disabled",
@@ -55,6 +56,7 @@ def test_every_field_set() -> None:
         vllm_bridge=False,
         exempt="capture_disabled=torch._inductor.",
         exempt_file="/etc/cgguard/exempt",
+        windows="vllm.v1.worker.gpu.model_runner:GPUModelRunner.capture_model, pkg:FLAG",
     )
     expected = {
         "mode": "log",
@@ -68,6 +70,7 @@ def test_every_field_set() -> None:
         "vllm_bridge": False,
         "exempt": (("capture_disabled", "torch._inductor."),),
         "exempt_file": "/etc/cgguard/exempt",
+        "windows": ("vllm.v1.worker.gpu.model_runner:GPUModelRunner.capture_model", "pkg:FLAG"),
     }
     assert expected == dataclasses.asdict(config)
 
@@ -428,16 +431,23 @@ def test_from_environ_file_target_without_log_file_warn_false_is_silent(
         ("vllm_bridge", "0", False),
         ("exempt", "capture_disabled=vllm_plugin.", (("capture_disabled", "vllm_plugin."),)),
         ("exempt_file", "/srv/exempt.txt", "/srv/exempt.txt"),
+        (
+            "windows",
+            "pkg.mod:Runner.capture_model,pkg:on",
+            ("pkg.mod:Runner.capture_model", "pkg:on"),
+        ),
     ],
 )
 def test_each_field_but_rules_is_read_from_the_variable_named_after_it(
     field: str, raw: str, value: object
 ) -> None:
-    """CGGUARD_<FIELD> sets that field, and no other; Config has no field it does not read."""
+    """CGGUARD_<FIELD> (CGGUARD_WINDOW for windows) sets that field, and no other; Config has
+    no field it does not read."""
     import dataclasses
 
     assert sorted(f.name for f in dataclasses.fields(cgguard.Config)) == sorted(DEFAULTS)
-    got = dataclasses.asdict(cgguard.Config.from_environ({f"CGGUARD_{field.upper()}": raw}))
+    variable = "CGGUARD_WINDOW" if field == "windows" else f"CGGUARD_{field.upper()}"
+    got = dataclasses.asdict(cgguard.Config.from_environ({variable: raw}))
     assert got == {**DEFAULTS, field: value}
 
 
@@ -566,7 +576,8 @@ NASTY = [
 ]
 
 
-# What exempt reads as no exemptions, as rules reads {}: nothing for it to refuse.
+# What exempt reads as no exemptions, and windows as no windows, as rules reads {}: nothing for
+# them to refuse.
 NO_EXEMPTIONS = ("list", "dict", "blank")
 
 
@@ -577,7 +588,7 @@ NO_EXEMPTIONS = ("list", "dict", "blank")
         for field in DEFAULTS
         if field != "rules"
         for nasty in NASTY
-        if not (field == "exempt" and nasty.id in NO_EXEMPTIONS)
+        if not (field in ("exempt", "windows") and nasty.id in NO_EXEMPTIONS)
     ],
 )
 def test_any_bad_value_is_a_one_line_config_error(field: str, value: object) -> None:

@@ -257,6 +257,7 @@ def config_section(**values: object) -> dict[str, Any]:
         "vllm_bridge": True,
         "exempt": [],
         "exempt_file": None,
+        "windows": [],
         **values,
     }
 

@@ -451,7 +451,7 @@ def test_environment_of_the_program(tmp_path: Path, old: str | None, expected: s
         b"cgguard: ignoring CGGUARD_OTHER: no such variable; the variables are CGGUARD_ENABLED, "
         b"CGGUARD_MODE, CGGUARD_LOG_FORMAT, CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, "
         b"CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, "
-        b"CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_RULE_<RULE>\n",
+        b"CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, CGGUARD_RULE_<RULE>\n",
     )
     assert {
         **plain_environ,
@@ -1093,6 +1093,7 @@ def test_program_importing_torch_is_guarded_as_configured(tmp_path: Path) -> Non
             "vllm_bridge": True,
             "exempt": [],
             "exempt_file": None,
+            "windows": [],
         },
         "capture_enabled": False,
     }
@@ -1166,6 +1167,7 @@ def test_info_reports_versions_configuration_and_activation(tmp_path: Path) -> N
         "  vllm_bridge    False        (CGGUARD_VLLM_BRIDGE)",
         "  exempt         none         (default)",
         "  exempt_file    none         (default)",
+        "  window         none         (default)",
         "  rule           capture_disabled: log (from CGGUARD_MODE)",
         "  rule           nested_capture: log (from CGGUARD_MODE)",
         "  rule           concurrent_capture: log (default)",

@@ -251,6 +251,9 @@ def test_runner_options_are_the_settings() -> None:
             "--exempt",
             "nested_capture=*/kernels.py",
             "--exempt-file=e",
+            "--window=pkg.runner:Runner.capture_model",
+            "--window",
+            "pkg:FLAG, pkg:var",
         ]
     )
     env = program_environ(options, {})
@@ -267,6 +270,7 @@ def test_runner_options_are_the_settings() -> None:
         "CGGUARD_VLLM_BRIDGE": "0",
         "CGGUARD_EXEMPT": "capture_disabled=torch._inductor.;nested_capture=*/kernels.py",
         "CGGUARD_EXEMPT_FILE": os.path.abspath("e"),
+        "CGGUARD_WINDOW": "pkg.runner:Runner.capture_model,pkg:FLAG,pkg:var",
     }
     assert [s.field for s in _settings.SETTINGS.values()] == [
         "mode",
@@ -279,6 +283,7 @@ def test_runner_options_are_the_settings() -> None:
         "vllm_bridge",
         "exempt",
         "exempt_file",
+        "windows",
     ]
 
 
@@ -323,7 +328,7 @@ def test_unknown_variable_without_a_close_name_lists_the_variables() -> None:
             "ignoring CGGUARD_XYZZY: no such variable; the variables are CGGUARD_ENABLED, "
             "CGGUARD_MODE, CGGUARD_LOG_FORMAT, CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, "
             "CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, "
-            "CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_RULE_<RULE>"
+            "CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, CGGUARD_RULE_<RULE>"
         ],
     )
     assert expected == _settings.read({"CGGUARD_XYZZY": "1"})
@@ -392,7 +397,7 @@ LONG = "x" * 10_000
             "the variables are CGGUARD_ENABLED, CGGUARD_MODE, CGGUARD_LOG_FORMAT, "
             "CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, CGGUARD_REPORT, CGGUARD_CAPTURE, "
             "CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, "
-            "CGGUARD_RULE_<RULE>",
+            "CGGUARD_WINDOW, CGGUARD_RULE_<RULE>",
         ),
     ],
 )
