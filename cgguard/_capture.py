@@ -35,7 +35,7 @@ from cgguard._checks import (
     why_sync,
 )
 from cgguard._errors import CaptureViolation
-from cgguard._flags import disabled_by
+from cgguard._flags import Disabler, disabled_by
 from cgguard._frames import snapshot, with_stack
 from cgguard._threads import this_thread
 from cgguard._violations import QUERIES
@@ -211,14 +211,18 @@ class Tracker:
             if self.active:
                 self._recheck_concurrent(record, seen)
         active = self.active
+        previous = active.get(graph)  # a capture into this graph already under way, if any
         try:
             # Recorded first: an interrupt right after torch began the capture must not leave
             # it unknown, and a later nested capture unrefused.
             active[graph] = record
             return wrapped(*args, **kwargs)
         except BaseException:
-            if active.get(graph) is record and not self._began(record):
-                active.pop(graph, None)
+            if active.get(graph) is record and not self._began_here(record, previous):
+                if previous is None:
+                    active.pop(graph, None)
+                else:
+                    active[graph] = previous
             raise
 
     def make_capture_end(self, original: Any) -> Any:
@@ -321,6 +325,9 @@ class Tracker:
             seen = tuple(self.active)
             disabled = disabled_by(self.flag, self.follows, stack)
             found = find_violations(disabled, record[THREAD], mode, list(self.active.values()))
+            captures = [c for _, c in found if c is not None and not isinstance(c, Disabler)]
+            if self._stale(captures):
+                found = find_violations(disabled, record[THREAD], mode, list(self.active.values()))
         except Exception as exc:
             warn_once(
                 "guard:begin", f"internal error while checking a capture, not checked: {exc!r}"
@@ -383,12 +390,8 @@ class Tracker:
                 captured_in = self._captured_into(events)
             elif api in _STREAM_CALLS:
                 capturing_stream = self.probes.stream_captures(instance)
-            cause = find_sync_violation(
-                thread,
-                list(self.active.values()),
-                query=api in QUERIES,
-                on_capturing_stream=capturing_stream,
-                captured_in=captured_in,
+            cause, captured_in = self._sync_cause(
+                thread, api in QUERIES, capturing_stream, captured_in
             )
             if cause is None:
                 return
@@ -409,6 +412,26 @@ class Tracker:
         error = self._violated(found, api, stack, refuse=True, why=why)
         if error is not None:
             raise error
+
+    def _sync_cause(
+        self, thread: object, query: bool, capturing_stream: bool, captured_in: Record | None
+    ) -> tuple[Record | None, Record | None]:
+        """The capture a synchronize breaks, live, and the capture its event was recorded into
+        if that is still live: a stale cause is dropped and the next one looked for."""
+        cause = None
+        for _ in range(len(self.active) + 1):  # each stale cause found drops one record
+            cause = find_sync_violation(
+                thread,
+                list(self.active.values()),
+                query=query,
+                on_capturing_stream=capturing_stream,
+                captured_in=captured_in,
+            )
+            if cause is None or not self._stale([cause]):
+                break
+            if cause is captured_in:
+                captured_in = None
+        return cause, captured_in
 
     def _violated(
         self, found: Found, api: str, stack: Snapshot | LiveStack, *, refuse: bool, why: str = ""
@@ -487,12 +510,9 @@ class Tracker:
         return False
 
     def sweep(self) -> None:
-        """Forget the captures of threads that have ended (each reported once), and the calling
-        thread's captures that have ended without cgguard seeing their capture_end."""
-        if not self.active:  # a storm of refusals with nothing capturing: nothing to sweep
-            return
-        self.drop_abandoned()
-        self._drop_stale()
+        """Forget, and report once, the captures of threads that have ended."""
+        if self.active:  # a storm of refusals with nothing capturing: nothing to sweep
+            self.drop_abandoned()
 
     def drop_abandoned(self) -> None:
         """Forget, and report once, the captures of threads that have ended."""
@@ -512,22 +532,31 @@ class Tracker:
                     [("abandoned_capture", record)], record[API], record[BEGAN_AT], refuse=False
                 )
 
-    def _drop_stale(self) -> None:
-        """Forget this thread's captures whose stream no longer captures.
+    def _stale(self, causes: list[Record]) -> bool:
+        """Forget those of ``causes`` whose stream no longer captures; whether there were any.
 
         Such a record is cgguard's own mistake, not the program's: its capture ended where
-        cgguard could not see it. Only this thread's are asked about, since its own are the
-        ones that would make its next capture look nested.
+        cgguard could not see it (an interrupt right after torch's capture_end, a capture_end
+        that skips torch's). Asked only of a violation's causes, just before it is reported.
         """
-        thread = this_thread()
+        stale = [cause for cause in causes if not self._began(cause, unknown=True)]
+        for record in stale:
+            self._drop(record[KEY], record)
+        return bool(stale)
+
+    def _began_here(self, record: Record, previous: Record | None) -> bool:
+        """Whether the capture_begin that raised had begun ``record``'s capture: its stream
+        captures, and for no other capture cgguard knows (torch refuses a capture_begin on a
+        stream already capturing)."""
+        if not self._began(record):
+            return False
+        others = [r for r in self.active.values() if r is not record]
+        if previous is not None:
+            others.append(previous)
         try:
-            mine = [(k, r) for k, r in list(self.active.items()) if r[THREAD] is thread]
-            stale = [(k, r) for k, r in mine if not self._began(r, unknown=True)]
-        except Exception as exc:
-            warn_once("guard:stale", f"internal error while checking captures: {exc!r}")
-            return
-        for key, record in stale:
-            self._drop(key, record)
+            return not any(other[STREAM] == record[STREAM] for other in others)
+        except Exception:
+            return True
 
     def _began(self, record: Record, *, unknown: bool = False) -> bool:
         """Whether ``record``'s stream captures (``unknown`` where that cannot be told)."""

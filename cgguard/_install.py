@@ -84,13 +84,21 @@ def install(config: Config | None = None) -> None:
         installation = _state.current
         if installation is not None and config is None:
             return
-        installation = _configure(installation, config if config is not None else Config())
+        installation, replaced = _configure(
+            installation, config if config is not None else Config()
+        )
         _register_process_hooks()
-        if installation.patches:
-            return
-        if "torch" not in sys.modules:
+        # Patched already, or to be once torch is imported: nothing more to do now.
+        done = bool(installation.patches)
+        if not done and "torch" not in sys.modules:
             _startup.when_imported("torch", PATCH_ON_IMPORT)
-            return
+            done = True
+    if replaced is not None:
+        # Outside the lock: a violation in flight through the old reporter may be a listener's
+        # that calls status() or install(), and the old one waits for it to leave.
+        replaced.retire(installation.reporter)
+    if done:
+        return
     # torch is imported, or being imported: perhaps by another thread, whose import the hook
     # missed. Wait for it to finish (at once if this thread is the importer), outside the
     # lock, which that import's own hook may be waiting for, then patch.
@@ -115,9 +123,10 @@ def uninstall() -> None:
             tracker.retired = True
         installation.device_sync.restore()
         installation.patches.restore()
-        installation.reporter.close()
         if tracker is not None:
             tracker.active.clear()
+    # Outside the lock, as for a reconfiguration: it waits for violations in flight.
+    installation.reporter.close()
 
 
 def is_installed() -> bool:
@@ -213,19 +222,23 @@ def _exempt_texts(exemptions: Exemptions | None) -> list[str]:
     return [text(pair) for pair in exemptions.pairs] if exemptions is not None else []
 
 
-def _configure(installation: Installation | None, config: Config) -> Installation:
-    """The installation, built from ``config``, or switched to it whole."""
+def _configure(
+    installation: Installation | None, config: Config
+) -> tuple[Installation, Reporter | None]:
+    """The installation, built from ``config``, or switched to it whole; with the reporter it
+    replaced, if any, for the caller to retire."""
     run = installation.run if installation is not None else Run()
     reporter = _reporter(config, run)
+    replaced = None
     if installation is None:
         installation = _state.current = Installation(reporter)
     else:
-        installation.use(reporter)
+        replaced = installation.use(reporter)
     if config.capture is not None:
         FLAG.set(config.capture == "enabled", None)
     _follow.follow_vllm(config.vllm_bridge)
     _windows.declare(config.windows)
-    return installation
+    return installation, replaced
 
 
 def _reporter(config: Config, run: Run) -> Reporter:

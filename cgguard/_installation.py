@@ -36,14 +36,14 @@ class Installation:
         """What this installation has seen, whatever its configuration since."""
         return self.reporter.run
 
-    def use(self, reporter: Reporter) -> None:
-        """Answer violations with ``reporter`` from now on; the old one closes its log and
-        report once no violation is in flight through it."""
+    def use(self, reporter: Reporter) -> Reporter:
+        """Answer violations with ``reporter`` from now on; return the old one, for the caller
+        to retire once it holds no lock a violation in flight may want."""
         old = self.reporter
         self.reporter = reporter
         if self.tracker is not None:
             self.tracker.reporter = reporter
-        old.retire(reporter)
+        return old
 
     def after_fork(self) -> None:
         """A forked child's fresh start: a run of its own, no captures, no lock held.

@@ -133,15 +133,36 @@ class Reporter:
     def _close_outputs(self) -> None:
         try:
             if self.report is not None:
-                # A successor writing the same file has the same run to write: this one's final
-                # version would only replace the successor's with an older configuration.
-                successor = self._successor.report if self._successor is not None else None
-                same_file = successor is not None and successor.template == self.report.template
-                self.report.close(final=not same_file)
+                # A later reporter writing the same file has the same run to write: this one's
+                # final version would only replace that one's with an older configuration. It
+                # is told of the counts made here since it last wrote instead.
+                same = self._later_report(self.report.template)
+                self.report.close(final=same is None)
+                if same is not None:
+                    same.changed(new_site=False)
             if self.log is not None:
                 self.log.close()
         except Exception as exc:
             warn_once("close", f"could not close the log or the report: {exc!r}")
+
+    def _report(self) -> ReportFile | None:
+        """The report to tell of a count: this reporter's own, or once it is retired (a
+        listener reconfigured while this violation was in flight) the latest later one that
+        writes the same file, which must not be replaced by this older configuration."""
+        report = self.report
+        if report is None or not self._retired:
+            return report
+        return self._later_report(report.template) or report
+
+    def _later_report(self, template: str) -> ReportFile | None:
+        """The report of the latest reporter after this one that writes ``template``."""
+        found = None
+        successor = self._successor
+        while successor is not None:
+            if successor.report is not None and successor.report.template == template:
+                found = successor.report
+            successor = successor._successor
+        return found
 
     def close(self) -> None:
         """The final report and the log let go: at exit, and when the installation ends."""
@@ -201,11 +222,12 @@ class Reporter:
             site.first = _events.exempted(rule, api, stack, match.exemption, match.frame())
             if self.log is not None:
                 self.log.emit(site.first)
-        if self.report is not None:
+        report = self._report()
+        if report is not None:
             # As a count, never as a new site: a violation's new site is on disk before the
             # program goes on, which costs a write per site; what an exemption let through
             # follows within half a second, and never costs the capture a write.
-            self.report.changed(new_site=False)
+            report.changed(new_site=False)
 
     def _report_each(
         self, acting: Acting, api: str, stack: Snapshot | LiveStack, *, refuse: bool, why: str
@@ -226,8 +248,9 @@ class Reporter:
                 if count == 1:
                     site.first = event
                 self._publish(event)
-            if self.report is not None:
-                self.report.changed(new_site=count == 1)
+            report = self._report()
+            if report is not None:
+                report.changed(new_site=count == 1)
             if self.log is not None:
                 if count == 1 and event is not None:
                     self.log.emit(event)

@@ -170,3 +170,55 @@ def test_another_threads_capture_is_never_judged_stale(sim: SimulatedCuda) -> No
     finally:
         release.set()
         thread.join()
+
+
+def test_a_capture_begin_refused_on_a_stream_another_capture_holds_leaves_no_record(
+    sim: SimulatedCuda,
+) -> None:
+    """Two threads' torch.cuda.graph share torch's default capture stream: the second one's
+    capture_begin fails there, and cgguard keeps no record of a capture that never began."""
+    inside, tried = threading.Event(), threading.Event()
+    failures: list[str] = []
+    cgguard.install(cgguard.Config(mode="log", log_file="/dev/null"))
+
+    def second() -> None:
+        assert inside.wait(timeout=20)
+        try:
+            with torch.cuda.graph(torch.cuda.CUDAGraph(), capture_error_mode="thread_local"):
+                pass
+        except RuntimeError as exc:
+            failures.append(type(exc).__name__)
+        tried.set()
+
+    with cgguard.testing.capture_violations() as events:
+        thread = threading.Thread(target=second)
+        thread.start()
+        # The refused capture_begin invalidates the capture on that stream, as CUDA's does.
+        with (
+            pytest.raises(RuntimeError),
+            torch.cuda.graph(torch.cuda.CUDAGraph(), capture_error_mode="thread_local"),
+        ):
+            inside.set()
+            assert tried.wait(timeout=20)
+        thread.join()
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):  # the next capture: legitimate
+            pass
+    assert (len(failures), events, cgguard.status().captures) == (1, [], ())
+
+
+def test_a_refused_second_capture_begin_into_a_capturing_graph_keeps_its_capture(
+    sim: SimulatedCuda,
+) -> None:
+    """A capture_begin into a graph already capturing, that torch refuses, does not make cgguard
+    forget the capture under way: a synchronize during it is still reported."""
+    cgguard.install(cgguard.Config(mode="log", log_file="/dev/null"))
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    begin(graph, stream)
+    with pytest.raises(RuntimeError):
+        graph.capture_begin()  # on the default stream: torch refuses it
+    with cgguard.testing.capture_violations() as events:
+        with pytest.raises(RuntimeError):
+            torch.cuda.synchronize()  # fails as CUDA fails it, and invalidates the capture
+    with pytest.raises(RuntimeError):
+        end(graph, stream)
+    assert [e["rule"] for e in events] == ["sync_during_capture"]

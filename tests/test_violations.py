@@ -94,3 +94,114 @@ def test_the_log_closes_once_the_violation_in_flight_has_left(tmp_path: Path) ->
         1,
         False,
     )
+
+
+def _report_totals(path: Path) -> dict[str, int]:
+    import json
+
+    totals: dict[str, int] = json.loads(path.read_text())["totals"]
+    return totals
+
+
+def test_an_older_configurations_final_report_never_replaces_a_newer_ones(
+    tmp_path: Path,
+) -> None:
+    """A listener that switches to another report and back to the first, inside a violation:
+    once the violation leaves, the file holds the latest configuration, not the first."""
+    from helpers import tracker
+
+    from cgguard import _state
+
+    def config(n: int, report: str) -> cgguard.Config:
+        log = str(tmp_path / f"log{n}")
+        return cgguard.Config(mode="log", log_file=log, report=str(tmp_path / report))
+
+    def listener(event: object) -> None:
+        if not switched:
+            switched.append(True)
+            cgguard.install(config(2, "y.json"))
+            cgguard.install(config(3, "x.json"))
+
+    switched: list[bool] = []
+    cgguard.install(config(1, "x.json"))
+    _state.LISTENERS.append(listener)
+    cgguard.set_capture_enabled(False)
+    tracker().check("torch.cuda.graph", 1, "global", stack(), None)
+    import json
+
+    written = json.loads((tmp_path / "x.json").read_text())["config"]["log_file"]
+    assert (switched, written) == ([True], str(tmp_path / "log3"))
+
+
+def test_counts_made_while_switching_to_the_same_report_reach_it(tmp_path: Path) -> None:
+    """A violation breaking two rules, whose first event's listener switches configuration
+    with the same report file: both counts reach the file, through the new configuration."""
+    import time
+
+    from helpers import tracker
+
+    from cgguard import _state
+    from cgguard._threads import this_thread
+
+    report = tmp_path / "r.json"
+
+    def config(n: int) -> cgguard.Config:
+        return cgguard.Config(mode="log", log_file=str(tmp_path / f"log{n}"), report=str(report))
+
+    def listener(event: object) -> None:
+        if not switched:
+            switched.append(True)
+            cgguard.install(config(2))
+
+    switched: list[bool] = []
+    cgguard.install(config(1))
+    tracker().active[7] = (7, this_thread(), "CUDAGraph.capture_begin", "global", stack(), None)
+    _state.LISTENERS.append(listener)
+    cgguard.set_capture_enabled(False)
+    tracker().check("torch.cuda.graph", 1, "global", stack(), None)  # disabled and nested
+    expected = {"capture_disabled": 1, "nested_capture": 1}
+    deadline = time.monotonic() + 10  # counts reach the disk within half a second
+    while _report_totals(report) != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (cgguard.status().violations, _report_totals(report)) == (expected, expected)
+    tracker().active.clear()
+
+
+def test_switching_configuration_does_not_wait_on_a_listener_that_asks_for_status(
+    tmp_path: Path,
+) -> None:
+    """install() retires the old configuration without holding the lock a listener's status()
+    needs: neither waits for the other to time out."""
+    import time
+
+    from helpers import tracker
+
+    from cgguard import _state
+
+    inside, waited = threading.Event(), []
+
+    def listener(event: object) -> None:
+        if threading.current_thread().name == "reporting":
+            inside.set()
+            time.sleep(0.3)  # the main thread switches configuration meanwhile
+            start = time.monotonic()
+            cgguard.status()
+            waited.append(time.monotonic() - start)
+
+    cgguard.install(cgguard.Config(mode="log", log_file=str(tmp_path / "a")))
+    _state.LISTENERS.append(listener)
+    cgguard.set_capture_enabled(False)
+    thread = threading.Thread(
+        target=tracker().check,
+        args=("torch.cuda.graph", 1, "global", stack(), None),
+        name="reporting",
+    )
+    thread.start()
+    assert inside.wait(timeout=20)
+    start = time.monotonic()
+    cgguard.install(cgguard.Config(mode="log", log_file=str(tmp_path / "b")))
+    took = time.monotonic() - start
+    thread.join(timeout=20)
+    # The old configuration's close waits up to 5 s for a violation in flight; a deadlock
+    # between the two would make both wait that long.
+    assert (took < 3, len(waited), waited[0] < 3) == (True, 1, True)
