@@ -821,7 +821,15 @@ def _report(options: argparse.Namespace) -> int:
             sys.stderr.write("cgguard report: the reports do not fit in memory\n")
             return 2
         write = sys.stdout.write
-        for piece in _RENDERERS[options.format](merged):
-            write(piece)
+        try:
+            for piece in _RENDERERS[options.format](merged):
+                write(piece)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # The reader stopped early (`cgguard report ... | head`), as a pager does: no
+            # traceback, and none at exit when Python flushes stdout again.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
     # Any count: a report's totals are at least its sites' counts (read() checked).
     return 1 if any(merged.totals.values()) else 0

@@ -1262,3 +1262,29 @@ def test_one_process_at_one_site_twice_is_one_line(
     assert merged["violations"][0]["processes"] == [
         {"host": "node-a", "pid": 1, "rank": None, "count": 5}
     ]
+
+
+@pytest.mark.subprocess
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: Path) -> None:
+    """`cgguard report ... | head`: the pipe closes long before the output ends; the command
+    still exits with its status, and writes nothing to stderr."""
+    sites = []
+    for line in range(1, 3001):  # far more text than a pipe holds
+        event = disabled_event(7, 0, "2026-12-01T05:00:01.000000Z")
+        top = {**TRAIN, "line": line}
+        event.update(stack=[MAIN, top], message=f"{DISABLED} at /job/train.py:{line}")
+        sites.append({"rule": "capture_disabled", "count": 1, "first": event})
+    report = write(tmp_path, "r-7.json", document(7, sites, rank=0))
+    with subprocess.Popen(
+        [sys.executable, "-m", "cgguard", "report", str(report)],
+        env=clean_environ(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as child:
+        assert child.stdout is not None
+        assert child.stderr is not None
+        child.stdout.read(100)  # what `head -c 100` takes, then it goes
+        child.stdout.close()
+        err = child.stderr.read()
+        status = child.wait(timeout=60)
+    assert (status, err) == (1, b"")
