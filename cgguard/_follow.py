@@ -92,8 +92,13 @@ def follow_flag(module: str, attribute: str, setter: str | None = None) -> None:
 
 def _start(module: str, attribute: str, setter: str | None) -> _Follow:
     follow = _Follow(module, attribute, setter)
-    if module in sys.modules:
-        follow.apply(sys.modules[module])
+    found = sys.modules.get(module)
+    if found is not None and _startup.is_initializing(found):
+        # Being imported now (its own import of torch activated cgguard, say): its setter is
+        # not defined yet, and is wrapped once the module has run to its end.
+        _startup.when_initialized(found, follow.apply)
+    elif found is not None:
+        follow.apply(found)
     else:
         _startup.when_imported(module, follow.apply)
     return follow

@@ -294,3 +294,41 @@ def test_the_moved_flag_imported_before_install_is_followed_once(
     vllm.backends.compiler.monitor.cudagraph_capturing_enabled = False
     with pytest.raises(cgguard.CaptureDisabledError):
         capture()
+
+
+# A framework module that activates cgguard in the middle of its own import, before its setter
+# is defined: what its own `import torch` does under `cgguard run` or CGGUARD_ENABLED=1.
+HALF_IMPORTED = """\
+import cgguard
+
+capturing = True
+cgguard.install()
+cgguard.follow_flag("cgg_early_framework", "capturing", "set_capturing")
+
+
+def set_capturing(enabled):
+    global capturing
+    capturing = enabled
+"""
+
+
+def test_a_flag_followed_from_inside_its_modules_import_wraps_the_setter_defined_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cuda: None
+) -> None:
+    """Followed while its module is still being imported, the flag's setter is wrapped once
+    that import has finished: a refusal says where capture was disabled."""
+    (tmp_path / "cgg_early_framework.py").write_text(HALF_IMPORTED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        import cgg_early_framework  # type: ignore[import-not-found]
+
+        cgg_early_framework.set_capturing(False)  # @early-disable
+        with pytest.raises(cgguard.CaptureDisabledError) as raised:
+            capture()
+    finally:
+        sys.modules.pop("cgg_early_framework", None)
+    here = SourceFile(__file__)
+    function = "test_a_flag_followed_from_inside_its_modules_import_wraps_the_setter_defined_later"
+    assert str(raised.value).endswith(
+        f"capture was disabled at {here.path}:{here.line_of('@early-disable')} (in {function})."
+    )
