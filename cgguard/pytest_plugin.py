@@ -403,6 +403,8 @@ def _changes(session: Config, now: Config) -> str:
 
 def _describe_unexpected(events: list[Event], when: str) -> list[str]:
     """The report of violations nobody expected, one block per distinct violation."""
+    from cgguard._text import shown
+
     if not events:
         return []
     # A capture retried in a loop repeats one violation: show it once, with its count.
@@ -421,8 +423,10 @@ def _describe_unexpected(events: list[Event], when: str) -> list[str]:
     for event, count in distinct.values():
         repeated = f", {count} times" if count > 1 else ""
         blocks.append(
-            f"{event.get('rule')} ({event.get('action')}{repeated}): {event.get('message')}\n"
-            + _stacks(event)
+            f"{event.get('rule')} ({event.get('action')}{repeated}): "
+            # File and function names in the message come from the program: shown safe, as
+            # the stacks below are.
+            f"{shown(event.get('message'))}\n" + _stacks(event)
         )
     blocks.append(_HINT)
     return ["\n\n".join(blocks)]

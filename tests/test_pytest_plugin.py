@@ -1078,3 +1078,36 @@ def test_the_installation_warning_as_an_error_errors_the_test(
         consecutive=True,
     )
     result.stdout.fnmatch_lines(GUARDED_AGAIN)
+
+
+def test_a_violation_s_names_are_shown_safe_in_the_test_s_report(
+    pytester: pytest.Pytester,
+) -> None:
+    """A capture made from code whose file name holds terminal escapes: the failing test's
+    report shows them escaped, in its message as in its stacks, never raw."""
+    pytester.makepyfile(
+        test_hostile="""
+        import cgguard
+        import torch
+        from cgguard.testing import simulated_cuda
+
+        SOURCE = "def kernel(graph):\\n    with torch.cuda.graph(graph):\\n        pass\\n"
+        namespace = {"torch": torch}
+        exec(compile(SOURCE, "plugin\\x1b]0;pwned\\x07.py", "exec"), namespace)
+
+
+        def test_hostile():
+            with simulated_cuda(), cgguard.capture_disabled():
+                try:
+                    namespace["kernel"](torch.cuda.CUDAGraph())
+                except RuntimeError:
+                    pass
+        """
+    )
+    result = run(pytester, "--cgguard")
+    result.assert_outcomes(failed=1)
+    output = result.stdout.str()
+    assert ("\x1b" in output, "plugin\\x1b]0;pwned\\x07.py:2 (in kernel)" in output) == (
+        False,
+        True,
+    )
