@@ -8,7 +8,7 @@ summary and the JSON report. A storm of violations at one site costs a counter, 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cgguard._frames import render
 
@@ -69,22 +69,14 @@ class Sites:
         self._lock = threading.Lock()
         self._sites: dict[tuple[object, ...], Site] = {}
 
-    def _count(  # noqa: PLR0917 - on the capturing thread: positional costs least
-        self,
-        key: tuple[object, ...],
-        rule: str,
-        code: CodeType | None,
-        lasti: int,
-        api: str,
-        action: str,
-        exemption: str | None = None,
-    ) -> tuple[Site, int]:
-        """Count one at ``key``, making its site the first time; return the site and this
-        count (1: the first there, for the caller to fill in ``site.first``)."""
+    def _count(self, key: tuple[object, ...], *site_fields: Any) -> tuple[Site, int]:
+        """Count one at ``key``, making its site from ``site_fields`` (Site's own arguments)
+        the first time; return the site and this count (1: the first there, for the caller to
+        fill in ``site.first``)."""
         with self._lock:
             site = self._sites.get(key)
             if site is None:
-                site = self._sites[key] = Site(rule, code, lasti, api, action, exemption)
+                site = self._sites[key] = Site(*site_fields)
             site.count += 1
             return site, site.count
 
