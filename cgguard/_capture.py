@@ -40,6 +40,7 @@ from cgguard._frames import snapshot, with_stack
 from cgguard._threads import this_thread
 from cgguard._violations import QUERIES
 from cgguard._warn import warn_once
+from cgguard._watch import ABANDONED, ENDED, FAILED
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -48,6 +49,10 @@ if TYPE_CHECKING:
     from cgguard._flags import CaptureFlag, FlagSource, Windows
     from cgguard._frames import LiveStack, Snapshot
     from cgguard._violations import Reporter
+    from cgguard._watch import Watcher
+
+# What each watcher of a capture under way keeps for it, as its opening() returned.
+Tokens = list[tuple["Watcher", Any]]
 
 
 def _hidden_by_pytest(excinfo: Any) -> bool:
@@ -140,6 +145,12 @@ class Tracker:
         self.captured_events: weakref.WeakKeyDictionary[Any, Record] = weakref.WeakKeyDictionary()
         # The events recorded into each capture under way, by id() of its graph.
         self.events_of: dict[int, list[weakref.ref[Any]]] = {}
+        # What follows each capture beyond the rules (cgguard._watch), replaced whole by the
+        # installation; those among them that watch replays; and each watcher's token for
+        # each capture under way, by id() of its graph.
+        self.watchers: tuple[Watcher, ...] = ()
+        self.replay_watchers: tuple[Watcher, ...] = ()
+        self.tokens: dict[int, Tokens] = {}
 
     def after_fork(self) -> None:
         """A forked child's fresh start: the parent's captures belong to threads it lacks."""
@@ -148,6 +159,9 @@ class Tracker:
         # Replaced, not cleared: the fork may have caught another thread inside them.
         self.captured_events = weakref.WeakKeyDictionary()
         self.events_of = {}
+        self.tokens = {}
+        for watcher in self.watchers:
+            _tell(watcher.after_fork)
 
     # The hooks.
 
@@ -212,18 +226,26 @@ class Tracker:
                 self._recheck_concurrent(record, seen)
         active = self.active
         previous = active.get(graph)  # a capture into this graph already under way, if any
+        tokens = self._opening(instance, record, args, kwargs) if self.watchers else None
         try:
             # Recorded first: an interrupt right after torch began the capture must not leave
             # it unknown, and a later nested capture unrefused.
             active[graph] = record
-            return wrapped(*args, **kwargs)
-        except BaseException:
+            result = wrapped(*args, **kwargs)
+        except BaseException as exc:
             if active.get(graph) is record and not self._began_here(record, previous):
                 if previous is None:
                     active.pop(graph, None)
                 else:
                     active[graph] = previous
+                if tokens:
+                    _close(tokens, FAILED, exc)
+            elif tokens:
+                self.tokens[graph] = tokens  # it began: torch raised only afterwards
             raise
+        if tokens:
+            self.tokens[graph] = tokens
+        return result
 
     def make_capture_end(self, original: Any) -> Any:
         """CUDAGraph.capture_end, forgetting the capture once CUDA has ended it.
@@ -242,11 +264,15 @@ class Tracker:
             except BaseException as exc:
                 if not tracker._still_capturing(exc):
                     tracker._forget_events(id(self), active.pop(id(self), None))
+                    if tracker.tokens:
+                        tracker._closed(id(self), FAILED, exc)
                 raise
             # An interrupt here leaves a record whose capture has ended: found stale later.
             ended = active.pop(id(self), None)
             if tracker.events_of:  # no event was recorded into any capture: nothing to forget
                 tracker._forget_events(id(self), ended)
+            if tracker.tokens:  # nothing watched: nothing to tell
+                tracker._closed(id(self), ENDED, None)
             return result
 
         return capture_end
@@ -336,6 +362,8 @@ class Tracker:
         if found:
             error = self._violated(found, api, stack, refuse=True)
             if error is not None:
+                for watcher in self.watchers:
+                    _tell(watcher.refused, record)
                 raise error
         return record, seen
 
@@ -440,6 +468,45 @@ class Tracker:
         reporter = self.reporter
         return reporter.violated(found, api, stack, refuse=refuse, why=why)
 
+    def make_replay(self, original: Any) -> Any:
+        """CUDAGraph.replay, shown first to the watchers that watch replays.
+
+        A plain function, as capture_end: a serving loop replays on every step. Put on the class
+        only while some watcher wants replays (cgguard._patches.patch_replay).
+        """
+        tracker = self
+
+        @functools.wraps(original)
+        def replay(self: Any, *args: Any, **kwargs: Any) -> Any:
+            for watcher in tracker.replay_watchers:
+                try:
+                    watcher.replaying(self)
+                except CaptureViolation:
+                    raise  # a refusal: the replay does not run
+                except Exception as exc:
+                    warn_once("watch:replay", f"internal error while watching a replay: {exc!r}")
+            return original(self, *args, **kwargs)
+
+        return replay
+
+    def _opening(
+        self, graph: Any, record: Record, args: tuple[Any, ...], kwargs: Any
+    ) -> Tokens | None:
+        """Tell each watcher a capture is about to begin; their tokens for it."""
+        tokens: Tokens = []
+        for watcher in self.watchers:
+            try:
+                tokens.append((watcher, watcher.opening(graph, record, args, kwargs)))
+            except Exception as exc:
+                warn_once("watch:open", f"internal error while watching a capture: {exc!r}")
+        return tokens
+
+    def _closed(self, key: int, outcome: str, error: BaseException | None) -> None:
+        """Tell the watchers of the capture at ``key`` that it is over, once."""
+        tokens = self.tokens.pop(key, None)
+        if tokens:
+            _close(tokens, outcome, error)
+
     def note_record(self, event: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Remember whether ``event`` was just recorded into one of this thread's captures.
 
@@ -498,7 +565,7 @@ class Tracker:
             if not any(record is k for k in kept) and self._drop(key, record)
         ]
 
-    def _drop(self, key: int, record: Record) -> bool:
+    def _drop(self, key: int, record: Record, outcome: str = ABANDONED) -> bool:
         """Forget the capture at ``key`` if it is still ``record``; whether this call did.
 
         Popped only while it is this record: its thread may end it meanwhile, and of two
@@ -506,6 +573,8 @@ class Tracker:
         """
         if self.active.get(key) is record and self.active.pop(key, None) is record:
             self._forget_events(key, record)
+            if self.tokens:
+                self._closed(key, outcome, None)
             return True
         return False
 
@@ -541,7 +610,8 @@ class Tracker:
         """
         stale = [cause for cause in causes if not self._began(cause, unknown=True)]
         for record in stale:
-            self._drop(record[KEY], record)
+            # It ended, in a way cgguard could not see.
+            self._drop(record[KEY], record, ENDED)
         return bool(stale)
 
     def _began_here(self, record: Record, previous: Record | None) -> bool:
@@ -584,6 +654,19 @@ class Tracker:
             return self.probes.is_capturing()
         except Exception:
             return False
+
+
+def _tell(method: Callable[..., object], *args: Any) -> None:
+    """Call a watcher's ``method``; its failure is one warning, never the program's."""
+    try:
+        method(*args)
+    except Exception as exc:
+        warn_once("watch:" + method.__name__, f"internal error while watching a capture: {exc!r}")
+
+
+def _close(tokens: Tokens, outcome: str, error: BaseException | None) -> None:
+    for watcher, token in tokens:
+        _tell(watcher.closed, token, outcome, error)
 
 
 def _accelerator_mode(graph: Any) -> str:

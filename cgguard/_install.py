@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from cgguard._checks import Record
     from cgguard._frames import FrameInfo
+    from cgguard._watch import Watcher
     from cgguard._windows import WindowInfo
 
 PATCH_ON_IMPORT = "cgguard._install:patch_on_import"
@@ -121,6 +122,7 @@ def uninstall() -> None:
             # A hook someone still holds a reference to (a bound capture_begin, say) lets
             # everything through from now on, as torch's own would.
             tracker.retired = True
+        installation.replay.restore()
         installation.device_sync.restore()
         installation.patches.restore()
         if tracker is not None:
@@ -159,7 +161,11 @@ def status() -> Status:
         return Status(
             installed=True,
             activated_by=_startup.activated_by,
-            patched=tuple(installation.patches.targets() + installation.device_sync.targets()),
+            patched=tuple(
+                installation.patches.targets()
+                + installation.device_sync.targets()
+                + installation.replay.targets()
+            ),
             waiting_for_torch=PATCH_ON_IMPORT in _startup.pending("torch"),
             followed=followed,
             waiting_to_follow=tuple(_follow.waiting()),
@@ -238,7 +244,15 @@ def _configure(
         FLAG.set(config.capture == "enabled", None)
     _follow.follow_vllm(config.vllm_bridge)
     _windows.declare(config.windows)
+    installation.watch(_watchers(config, installation))
     return installation, replaced
+
+
+def _watchers(config: Config, installation: Installation) -> tuple[Watcher, ...]:
+    """What ``config`` has follow each capture beyond the rules (cgguard._watch), in the
+    order they are told: each feature that watches captures adds its own here."""
+    del config, installation
+    return ()
 
 
 def _reporter(config: Config, run: Run) -> Reporter:

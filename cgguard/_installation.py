@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cgguard._exempt_match import Exemptions
 from cgguard._ledger import Run
-from cgguard._patchset import PatchSet
+from cgguard._patchset import PatchSet, describe
 from cgguard._report_file import ReportFile
 from cgguard._violations import Reporter
 
 if TYPE_CHECKING:
     from cgguard._capture import Tracker
+    from cgguard._watch import Watcher
 
 
 class Installation:
@@ -30,6 +31,13 @@ class Installation:
         # The simulation may remove its synchronize first: then there is nothing to put back.
         # Also the hooks on its stand-ins where they do not extend torch's classes (CUDA builds).
         self.device_sync = PatchSet(keep_newer=True)
+        # What follows each capture beyond the rules (cgguard._watch), as the configuration
+        # asks; and the hook on CUDAGraph.replay, in place only while one of them wants it.
+        self.watchers: tuple[Watcher, ...] = ()
+        self.replay = PatchSet()
+        # Where replay lands, as cgguard._patches found it: torch's CUDAGraph, and a stand-in's
+        # that does not extend it.
+        self.replay_targets: list[tuple[Any, str]] = []
 
     @property
     def run(self) -> Run:
@@ -44,6 +52,28 @@ class Installation:
         if self.tracker is not None:
             self.tracker.reporter = reporter
         return old
+
+    def watch(self, watchers: tuple[Watcher, ...]) -> None:
+        """Follow captures with ``watchers`` from now on (the tracker's, once torch is patched);
+        the replay hook goes on or comes off with them."""
+        self.watchers = watchers
+        if self.tracker is not None:
+            self.tracker.watchers = watchers
+            self.tracker.replay_watchers = tuple(w for w in watchers if w.wants_replays)
+            self._hook_replays()
+
+    def _hook_replays(self) -> None:
+        """Hook CUDAGraph.replay while a watcher wants replays; put torch's back otherwise."""
+        tracker = self.tracker
+        if tracker is None or not tracker.replay_watchers:
+            self.replay.restore()
+        elif [
+            describe(owner, name) for owner, name in self.replay_targets
+        ] != self.replay.targets():
+            self.replay.restore()
+            self.replay.apply(
+                (owner, name, tracker.make_replay) for owner, name in self.replay_targets
+            )
 
     def after_fork(self) -> None:
         """A forked child's fresh start: a run of its own, no captures, no lock held.

@@ -128,6 +128,7 @@ def patch_torch(installation: Installation) -> None:
         patch_device_sync(installation)
     except BaseException:
         installation.tracker = None
+        installation.replay.restore()
         patches.restore()
         raise
 
@@ -194,6 +195,12 @@ def patch_device_sync(installation: Installation) -> None:
     hooks = _class_hooks(tracker)
     changes += [(cls, name, make) for kind, cls in _standins() for name, make in hooks[kind]]
     wanted = [describe(owner, name) for owner, name, _ in changes]
+    # Where CUDAGraph.replay lands, for watchers of replays (Installation.watch).
+    installation.replay_targets = [
+        (real_class(importlib.import_module("torch.cuda.graphs").CUDAGraph), "replay"),
+        *((cls, "replay") for kind, cls in _standins() if kind == "CUDAGraph"),
+    ]
+    installation.watch(installation.watchers)
     device_sync = installation.device_sync
     if device_sync.targets() == wanted and all(
         device_sync.holds(owner, name) for owner, name, _ in changes

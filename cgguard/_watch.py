@@ -1,0 +1,53 @@
+"""Watchers: what follows each capture from its begin to its end, and each replay, beyond the
+rules that judge whether it may begin.
+
+The capture path (cgguard._capture) tells every watcher of its installation when a capture is
+about to begin, when it has ended (or failed, or was abandoned), when a rule refused it, and,
+for watchers that ask, when a graph is about to replay. A watcher's own failure is its own: the
+tracker warns once and the capture goes on. Only a ``CaptureViolation`` a watcher raises from
+``replaying`` reaches the program, as a refusal.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from cgguard._checks import Record
+
+# How a capture cgguard saw begin came to an end.
+ENDED: Final = "ended"  # torch's capture_end returned
+FAILED: Final = "failed"  # torch's capture_begin or capture_end raised
+ABANDONED: Final = "abandoned"  # its thread ended, or a test runner let go of it, mid-capture
+OUTCOMES: Final = (ENDED, FAILED, "refused", ABANDONED)  # "refused": see Watcher.refused
+
+
+class Watcher:
+    """The base of every watcher: each method does nothing, so a watcher defines what it needs.
+
+    ``opening`` runs on the capturing thread just before torch's capture_begin, and returns
+    what the watcher keeps for that capture (its token); ``closed`` gets the token back once,
+    whichever way the capture ends, on the thread that ended it.
+    """
+
+    # Whether the installation hooks CUDAGraph.replay for this watcher: off, replay is left as
+    # torch has it, since it runs on every step of a serving loop.
+    wants_replays: bool = False
+
+    def opening(self, graph: Any, record: Record, args: tuple[Any, ...], kwargs: Any) -> Any:
+        """A capture into ``graph`` is about to begin, called with ``args`` and ``kwargs``."""
+        return None
+
+    def closed(self, token: Any, outcome: str, error: BaseException | None) -> None:
+        """The capture ``token`` was returned for is over: ``outcome`` is ENDED, FAILED (with
+        torch's ``error``) or ABANDONED."""
+
+    def refused(self, record: Record) -> None:
+        """A rule refused the capture attempt ``record``: it never began."""
+
+    def replaying(self, graph: Any) -> None:
+        """``graph`` is about to replay (only for a watcher that ``wants_replays``). Raise a
+        CaptureViolation to refuse the replay."""
+
+    def after_fork(self) -> None:
+        """A forked child's fresh start: what the parent watched is not the child's."""

@@ -1,0 +1,194 @@
+"""Watchers (cgguard._watch): what the capture path tells them, once per capture, and the replay
+hook that exists only while one of them wants replays."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+import helpers
+import pytest
+import torch
+
+import cgguard
+from cgguard import _state
+from cgguard._watch import ABANDONED, ENDED, FAILED, Watcher
+from cgguard.testing import simulated_cuda
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from cgguard._checks import Record
+
+pytestmark = pytest.mark.simulated
+
+REPLAY = "torch.cuda.graphs.CUDAGraph.replay"
+
+
+class Recorder(Watcher):
+    """Writes down what it is told, as (what, graph id or api, detail)."""
+
+    def __init__(self, *, replays: bool = False) -> None:
+        self.wants_replays = replays
+        self.told: list[tuple[str, Any, Any]] = []
+
+    def opening(self, graph: Any, record: Record, args: tuple[Any, ...], kwargs: Any) -> Any:
+        self.told.append(("opening", id(graph), record[2]))
+        return ("token", id(graph))
+
+    def closed(self, token: Any, outcome: str, error: BaseException | None) -> None:
+        self.told.append(("closed", token, (outcome, type(error).__name__ if error else None)))
+
+    def refused(self, record: Record) -> None:
+        self.told.append(("refused", record[2], None))
+
+    def replaying(self, graph: Any) -> None:
+        self.told.append(("replaying", id(graph), None))
+
+
+def watch(*watchers: Watcher) -> None:
+    installation = _state.current
+    assert installation is not None
+    installation.watch(watchers)
+
+
+@pytest.fixture
+def recorder() -> Iterator[Recorder]:
+    with simulated_cuda():
+        cgguard.install(cgguard.Config(log_file="/dev/null"))
+        seen = Recorder()
+        watch(seen)
+        yield seen
+
+
+def test_a_capture_is_opened_then_closed_once_with_its_token(recorder: Recorder) -> None:
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.zeros(2).add_(1)
+    assert recorder.told == [
+        ("opening", id(graph), "torch.cuda.graph"),
+        ("closed", ("token", id(graph)), (ENDED, None)),
+    ]
+
+
+def test_a_capture_torch_refuses_to_begin_is_closed_as_failed(recorder: Recorder) -> None:
+    graph = torch.cuda.CUDAGraph()
+    # torch refuses a capture on the default stream (the simulation keeps that rule).
+    with pytest.raises(RuntimeError, match="non-default stream"):
+        graph.capture_begin()
+    assert recorder.told == [
+        ("opening", id(graph), "CUDAGraph.capture_begin"),
+        ("closed", ("token", id(graph)), (FAILED, "SimulatedCudaError")),
+    ]
+    # Nothing left to tell at a later end.
+    assert helpers.tracker().tokens == {}
+
+
+def test_a_refused_capture_is_told_as_refused_and_never_opened(recorder: Recorder) -> None:
+    outer = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(outer):
+        with pytest.raises(cgguard.CaptureViolation), torch.cuda.graph(torch.cuda.CUDAGraph()):
+            pass
+    assert [what for what, _, _ in recorder.told] == ["opening", "refused", "closed"]
+    assert recorder.told[1] == ("refused", "torch.cuda.graph", None)
+
+
+def test_a_capture_left_open_by_an_ended_thread_is_closed_as_abandoned(
+    recorder: Recorder,
+) -> None:
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+
+    def begin() -> None:
+        with torch.cuda.stream(stream):
+            # Not global: this thread's own capture would forbid the next one's synchronize.
+            graph.capture_begin(capture_error_mode="thread_local")
+
+    worker = threading.Thread(target=begin)
+    worker.start()
+    worker.join()
+    cgguard.status()  # nothing swept yet: the sweep comes with the next capture attempt
+    assert [what for what, _, _ in recorder.told] == ["opening"]
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        pass
+    assert ("closed", ("token", id(graph)), (ABANDONED, None)) in recorder.told
+
+
+def test_a_watcher_that_fails_is_one_warning_and_the_capture_goes_on(
+    recorder: Recorder, capsys: pytest.CaptureFixture[str]
+) -> None:
+    class Broken(Watcher):
+        def opening(self, graph: Any, record: Record, args: Any, kwargs: Any) -> Any:
+            raise ValueError("broken watcher")
+
+    watch(Broken(), recorder)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.zeros(2).add_(1)
+    graph.replay()
+    assert ("closed", ("token", id(graph)), (ENDED, None)) in recorder.told
+    assert "broken watcher" in capsys.readouterr().err
+
+
+def test_replay_is_hooked_only_while_a_watcher_wants_replays(recorder: Recorder) -> None:
+    real_replay = vars(torch.cuda.graphs.CUDAGraph)["replay"]
+    assert REPLAY not in cgguard.status().patched
+    replays = Recorder(replays=True)
+    watch(recorder, replays)
+    assert REPLAY in cgguard.status().patched
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.zeros(2).add_(1)
+    graph.replay()
+    graph.replay()
+    assert [t for t in replays.told if t[0] == "replaying"] == [("replaying", id(graph), None)] * 2
+    assert not any(what == "replaying" for what, _, _ in recorder.told)
+    watch(recorder)
+    assert vars(torch.cuda.graphs.CUDAGraph)["replay"] is real_replay
+    cgguard.uninstall()
+    assert vars(torch.cuda.graphs.CUDAGraph)["replay"] is real_replay
+
+
+def test_a_watcher_refuses_a_replay_by_raising_a_violation(recorder: Recorder) -> None:
+    class Refuses(Watcher):
+        wants_replays = True
+
+        def replaying(self, graph: Any) -> None:
+            raise cgguard.CaptureViolation("refused replay")
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.zeros(2).add_(1)
+    watch(Refuses())
+    sim_replays = _replays_of(graph)
+    with pytest.raises(cgguard.CaptureViolation, match="refused replay"):
+        graph.replay()
+    assert _replays_of(graph) == sim_replays  # torch's replay never ran
+
+
+def test_replays_are_watched_by_a_watcher_set_before_torch_was_patched() -> None:
+    """Watchers chosen by install() before torch's hooks exist reach the tracker made later."""
+    cgguard.uninstall()
+    replays = Recorder(replays=True)
+    with simulated_cuda():
+        cgguard.install(cgguard.Config(log_file="/dev/null"))
+        installation = _state.current
+        assert installation is not None
+        tracker = installation.tracker
+        installation.tracker = None  # as before torch's import
+        installation.watch((replays,))
+        installation.tracker = tracker
+        assert REPLAY not in cgguard.status().patched
+        from cgguard._patches import patch_device_sync
+
+        patch_device_sync(installation)  # what patch_torch ends with
+        assert REPLAY in cgguard.status().patched
+
+
+def _replays_of(graph: Any) -> int:
+    from cgguard.testing import _simcuda
+
+    sim = _simcuda._ACTIVE
+    assert sim is not None
+    return sum(
+        1 for call in sim.calls if call.name == "replay" and call.args == (graph._simcuda_id,)
+    )
