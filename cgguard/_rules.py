@@ -278,6 +278,17 @@ RULES: "dict[str, Rule]" = {
             attempt_title="The synchronize or query was made at (most recent call last):",
             message=_sync,
         ),
+        # Found when cgguard next looks at the active captures: there is nothing to refuse, so
+        # it is reported and never raised.
+        Rule(
+            AbandonedCaptureError,
+            diagnostic=True,
+            blames=BLAMES_THREAD,
+            cause_key=None,
+            cause_title="",
+            attempt_title="The abandoned capture began at (most recent call last):",
+            message=_abandoned,
+        ),
         # The inspection's rules (cgguard._inspect): each a certain failure, so they take the
         # global mode.
         Rule(
@@ -310,17 +321,6 @@ RULES: "dict[str, Rule]" = {
             cause_title=_CAPTURE_BEGAN,
             attempt_title="The random-number generator was called at (most recent call last):",
             message=_rng,
-        ),
-        # Found when cgguard next looks at the active captures: there is nothing to refuse, so
-        # it is reported and never raised.
-        Rule(
-            AbandonedCaptureError,
-            diagnostic=True,
-            blames=BLAMES_THREAD,
-            cause_key=None,
-            cause_title="",
-            attempt_title="The abandoned capture began at (most recent call last):",
-            message=_abandoned,
         ),
     )
 }
