@@ -105,6 +105,7 @@ class Watch:
         self.ident = threading.get_ident()
         self.mode: Any = None
         # What stands for a device tensor: any tensor on the simulation, a CUDA tensor on CUDA.
+        self.every_tensor = simulation is not None
         self.on_device: Callable[[Any], bool] = _any_tensor if simulation else _is_cuda
 
     def enter(self) -> None:
@@ -149,31 +150,6 @@ class Watch:
             # simulation, since the CPU op it runs would succeed.
             sim.implicit_sync(name)
 
-    def reads(self, inputs: _liveness.Inputs, args: tuple[Any, ...], tensor: Any) -> None:
-        for arg in args:
-            if isinstance(arg, tensor):
-                self._read(inputs, arg)
-            elif type(arg) in (list, tuple):
-                for item in arg:
-                    if isinstance(item, tensor):
-                        self._read(inputs, item)
-
-    def _read(self, inputs: _liveness.Inputs, value: Any) -> None:
-        if not self.on_device(value):
-            return
-        storage = value.untyped_storage()
-        address = storage.data_ptr()
-        if address:  # an empty storage holds no memory a replay could read
-            inputs.read(storage, address, value)
-
-    def makes(self, inputs: _liveness.Inputs, out: Any, tensor: Any) -> None:
-        values: Any = out if type(out) in (list, tuple) else (out,)
-        for value in values:
-            if isinstance(value, tensor) and self.on_device(value):
-                address = value.untyped_storage().data_ptr()
-                if address:
-                    inputs.made(address)
-
 
 def _any_tensor(value: Any) -> bool:
     return True
@@ -209,33 +185,56 @@ def _mode_type() -> type:
             # releases never ask): see the module's docstring.
             return True
 
-        def __torch_dispatch__(
+        def __torch_dispatch__(  # noqa: PLR0912 - the hot path, inlined on purpose
             self,
             func: Any,
             types: Any,
             args: tuple[Any, ...] = (),
             kwargs: Mapping[str, Any] | None = None,
         ) -> Any:
-            kwargs = kwargs or {}
+            # The hot path of every op inside an inspected capture: inlined, no calls but
+            # torch's, one look-up per op and per tensor already seen.
             watch = self.watch
-            inputs = watch.inputs
-            if watch.on:
-                op = known.get(func, unknown)
+            if kwargs is None:
+                kwargs = {}
+            if not watch.on:
+                return func(*args, **kwargs)
+            op = known.get(func, unknown)
+            if op is not None:
                 if op is unknown:
                     op = known[func] = _entry(func)
                 if op is not None:
                     watch.synchronizing(op, func, args, kwargs)  # type: ignore[arg-type]
-                if inputs is not None:
-                    try:
-                        watch.reads(inputs, args, tensor)
-                    except Exception as exc:
-                        warn_once("inspect:read", f"internal error while inspecting an op: {exc!r}")
+            inputs = watch.inputs
+            if inputs is None:
+                return func(*args, **kwargs)
+            every, seen = watch.every_tensor, inputs.seen
+            try:
+                for arg in args:
+                    if isinstance(arg, tensor):
+                        if every or arg.is_cuda:
+                            storage = arg.untyped_storage()
+                            address = storage.data_ptr()
+                            if address and address not in seen:
+                                inputs.read(storage, address, arg)
+                    elif type(arg) is list or type(arg) is tuple:
+                        for item in arg:
+                            if isinstance(item, tensor) and (every or item.is_cuda):
+                                storage = item.untyped_storage()
+                                address = storage.data_ptr()
+                                if address and address not in seen:
+                                    inputs.read(storage, address, item)
+            except Exception as exc:
+                warn_once("inspect:read", f"internal error while inspecting an op: {exc!r}")
             out = func(*args, **kwargs)
-            if watch.on and inputs is not None:
-                try:
-                    watch.makes(inputs, out, tensor)
-                except Exception as exc:
-                    warn_once("inspect:made", f"internal error while inspecting an op: {exc!r}")
+            try:
+                for value in out if type(out) is tuple or type(out) is list else (out,):
+                    if isinstance(value, tensor) and (every or value.is_cuda):
+                        address = value.untyped_storage().data_ptr()
+                        if address and address not in seen:
+                            seen[address] = None  # the capture's own allocation
+            except Exception as exc:
+                warn_once("inspect:made", f"internal error while inspecting an op: {exc!r}")
             return out
 
     return InspectionMode

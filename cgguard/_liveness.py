@@ -56,13 +56,14 @@ class Input:
 class Inputs:
     """The external inputs of one capture, by storage address, and its own allocations."""
 
-    __slots__ = ("__weakref__", "by_address", "checked", "healthy", "own", "record")
+    __slots__ = ("__weakref__", "checked", "healthy", "record", "seen")
 
     def __init__(self, record: Record) -> None:
         # The capture's record, its begin stack resolved once the capture has ended.
         self.record = record
-        self.by_address: dict[int, Input] = {}
-        self.own: set[int] = set()  # storage addresses the capture's own ops allocated
+        # Each storage address the capture has seen: its Input, or None for the capture's own
+        # allocation. One dictionary, so that an op's tensor seen before costs one look-up.
+        self.seen: dict[int, Input | None] = {}
         # False once an input's storage was freed, or before the first replay's walk: the one
         # test a replay pays.
         self.healthy = False
@@ -71,19 +72,20 @@ class Inputs:
     def read(self, storage: Any, address: int, tensor: Any) -> None:
         """The capture read ``tensor`` (on ``storage`` at ``address``): an input unless the
         capture allocated it, noted at its first read."""
-        if address in self.own or address in self.by_address:
-            return
-        self.by_address[address] = Input(self, storage, address, describe(tensor))
+        if address not in self.seen:
+            self.seen[address] = Input(self, storage, address, describe(tensor))
 
     def made(self, address: int) -> None:
         """The capture's own op allocated (or wrote) the storage at ``address``."""
-        if address not in self.by_address:
-            self.own.add(address)
+        if address not in self.seen:
+            self.seen[address] = None
 
     def dead(self) -> list[tuple[Input, str]]:
         """Each input that is gone, with how: freed, or moved."""
         found = []
-        for item in list(self.by_address.values()):
+        for item in list(self.seen.values()):
+            if item is None:
+                continue
             if item.ref() is None:
                 found.append((item, "freed"))
             elif not self.checked and item.moved():
@@ -93,7 +95,7 @@ class Inputs:
 
     def forget(self, item: Input) -> None:
         """Stop counting ``item`` (it proved to be the graph's own memory)."""
-        self.by_address.pop(item.address, None)
+        self.seen[item.address] = None
 
 
 def describe(tensor: Any) -> str:
