@@ -487,3 +487,129 @@ def test_make_graphed_callables_runs_inspected(sim: Any) -> None:
 
 def violations(events: list[ViolationEvent]) -> list[str]:
     return [e["rule"] for e in events]
+
+
+@pytest.mark.simulated
+def test_a_relaxed_capture_judges_only_syncs_of_its_own_stream(sim: Any) -> None:
+    """In a relaxed capture, `.item()` with the capturing stream current is refused; with
+    another stream current it is let through, as CUDA lets that synchronize through."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    x = torch.arange(3.0)
+    graph, other = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with capture_violations() as events:
+        with torch.cuda.graph(graph, capture_error_mode="relaxed"):
+            with pytest.raises(cgguard.ImplicitSyncError):
+                x.sum().item()
+            with torch.cuda.stream(other):
+                total = x.sum().item()
+    assert (violations(events), total) == (["implicit_sync"], 3.0)
+
+
+@pytest.mark.simulated
+def test_a_synchronize_let_through_is_named_when_the_capture_fails(
+    sim: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first offender need not be inspection's own: a torch.cuda.synchronize() that
+    sync_during_capture logged is what the failed capture_end names."""
+    cgguard.install(cgguard.Config(inspect=True, mode="log", log_file="/dev/null"))
+    with pytest.raises(RuntimeError, match="previous error during capture"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            with pytest.raises(RuntimeError, match="operation not permitted"):
+                torch.cuda.synchronize()  # synchronize-offender
+    err = capsys.readouterr().err
+    assert "first offending call seen by cgguard: Synchronize during CUDA graph capture" in err
+    assert f"{HERE}:{line_of('synchronize-offender')}" in err
+
+
+@pytest.mark.simulated
+def test_an_exemption_lets_one_implicit_sync_through(sim: Any) -> None:
+    """implicit_sync=PLACE exempts the op called there, counted as exempted, as for any rule;
+    the simulation then fails it as CUDA would."""
+    cgguard.install(
+        cgguard.Config(inspect=True, exempt=f"implicit_sync={HERE}", log_file="/dev/null")
+    )
+    x = torch.arange(3.0)
+    with pytest.raises(RuntimeError, match="previous error during capture"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            with pytest.raises(SimulatedCudaError):
+                x.sum().item()
+    assert cgguard.status().exempted == {"implicit_sync": 1}
+
+
+@pytest.mark.simulated
+def test_the_inspection_rules_take_their_actions_from_the_rule_table(sim: Any) -> None:
+    """CGGUARD_INSPECT=1 with CGGUARD_RULE_IMPLICIT_SYNC=off: inspection is on, and that rule
+    alone is off, as for any rule."""
+    config = cgguard.Config.from_environ(
+        {
+            "CGGUARD_INSPECT": "1",
+            "CGGUARD_RULE_IMPLICIT_SYNC": "off",
+            "CGGUARD_LOG_FILE": "/dev/null",
+        }
+    )
+    cgguard.install(config)
+    x = torch.arange(3.0)
+    with capture_violations() as events:
+        with pytest.raises(RuntimeError, match="previous error during capture"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                with pytest.raises(cgguard.RngDuringCaptureError):
+                    torch.cuda.manual_seed(1)
+                with pytest.raises(SimulatedCudaError):
+                    x.sum().item()  # not reported: the simulation fails it as CUDA would
+    assert violations(events) == ["rng_during_capture"]
+
+
+# On a GPU only: what the simulation cannot show.
+
+
+@pytest.mark.cuda
+def test_a_copy_to_the_host_is_refused_on_cuda() -> None:
+    """x.cpu() of a CUDA tensor inside an inspected capture is refused before it runs (a copy
+    into pageable memory waits for the stream); the capture ends cleanly and replays."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    x = torch.arange(4.0, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = x * 2
+        with pytest.raises(cgguard.ImplicitSyncError) as refused:
+            y.cpu()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert refused.value.event["api"] == "aten::_to_copy"
+    assert y.tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+@pytest.mark.cuda
+def test_a_freed_allocation_of_the_graphs_own_pool_is_not_a_dead_input() -> None:
+    """A tensor allocated inside the capture below the dispatch mode (as compiled code does),
+    read by a later op and then freed, lies in the graph's pool: its replays say nothing."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    x = torch.arange(4.0, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        with _disable_current_modes():
+            hidden = x * 2  # not seen: no mode on the stack
+        out = hidden + 1
+        del hidden
+    gc.collect()
+    with capture_violations() as events:
+        graph.replay()
+    torch.cuda.synchronize()
+    assert (events, out.tolist()) == ([], [1.0, 3.0, 5.0, 7.0])
+
+
+@pytest.mark.cuda
+def test_inductors_cudagraph_trees_capture_under_inspection() -> None:
+    """mode="reduce-overhead" records its graphs through CUDAGraph.capture_begin, inspected
+    like any capture: the compiled function's results are the eager ones, nothing reported."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    x = torch.arange(4.0, device="cuda")
+    compiled = torch.compile(lambda t: torch.sin(t * 3), mode="reduce-overhead")
+    with capture_violations() as events:
+        results = [compiled(x).clone() for _ in range(3)]
+    expected = torch.sin(x * 3)
+    for result in results:
+        torch.testing.assert_close(result, expected)
+    assert events == []
