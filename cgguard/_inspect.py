@@ -228,11 +228,17 @@ def _mode_type() -> type:
                 warn_once("inspect:read", f"internal error while inspecting an op: {exc!r}")
             out = func(*args, **kwargs)
             try:
-                for value in out if type(out) is tuple or type(out) is list else (out,):
-                    if isinstance(value, tensor) and (every or value.is_cuda):
-                        address = value.untyped_storage().data_ptr()
+                if isinstance(out, tensor):
+                    if every or out.is_cuda:
+                        address = out.untyped_storage().data_ptr()
                         if address and address not in seen:
                             seen[address] = None  # the capture's own allocation
+                elif type(out) is tuple or type(out) is list:
+                    for value in out:
+                        if isinstance(value, tensor) and (every or value.is_cuda):
+                            address = value.untyped_storage().data_ptr()
+                            if address and address not in seen:
+                                seen[address] = None
             except Exception as exc:
                 warn_once("inspect:made", f"internal error while inspecting an op: {exc!r}")
             return out
