@@ -256,24 +256,27 @@ def _entry(func: Any) -> SyncOp | None:
 def _pop_mode(mode: Any) -> None:
     """Take ``mode`` off this thread's dispatch-mode stack, wherever it is on it.
 
-    Usually it is on top. A mode the program entered inside the capture and left open past its
-    capture_end is above it: those are taken off, and put back in order, once it is gone.
+    Usually it is on top, and torch's own ``__exit__`` takes it off. A mode the program entered
+    inside the capture and left open past its capture_end is above it: those are taken off,
+    and put back in order, once it is gone.
     """
     try:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+        leaving: Any = mode
+        if _get_current_dispatch_mode() is mode:
+            leaving.__exit__(None, None, None)
+            return
         from torch._C import _len_torch_dispatch_stack, _pop_torch_dispatch_stack
-        from torch.utils._python_dispatch import _get_current_dispatch_mode, _push_mode
+        from torch.utils._python_dispatch import _push_mode
 
         above = []
         for _ in range(_len_torch_dispatch_stack()):
             if _get_current_dispatch_mode() is mode:
+                leaving.__exit__(None, None, None)
                 break
             above.append(_pop_torch_dispatch_stack(None))
-        else:
-            for other in reversed(above):
-                _push_mode(other)
-            return  # not on this thread's stack (a forked child's, say): nothing to take off
-        leaving: Any = mode
-        leaving.__exit__(None, None, None)
+        # Put back, found or not (a forked child's stack may not hold it).
         for other in reversed(above):
             _push_mode(other)
     except Exception as exc:

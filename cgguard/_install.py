@@ -127,6 +127,9 @@ def uninstall() -> None:
         installation.device_sync.restore()
         installation.patches.restore()
         if tracker is not None:
+            # Each capture under way is over for cgguard: its watchers are told so, and those
+            # on the capturing thread let go of what they hold there (a dispatch mode).
+            tracker.forget()
             tracker.active.clear()
     # Outside the lock, as for a reconfiguration: it waits for violations in flight.
     installation.reporter.close()

@@ -613,3 +613,17 @@ def test_inductors_cudagraph_trees_capture_under_inspection() -> None:
     for result in results:
         torch.testing.assert_close(result, expected)
     assert events == []
+
+
+@pytest.mark.simulated
+def test_uninstall_during_an_inspected_capture_takes_the_mode_off(sim: Any) -> None:
+    """uninstall() while this thread captures: the inspection's mode leaves the thread's
+    stack, and the capture goes on as torch's own."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        assert torch._C._len_torch_dispatch_stack() == 1
+        cgguard.uninstall()
+        depth = torch._C._len_torch_dispatch_stack()
+        torch.arange(2.0).sum().item()  # torch's own business now
+    assert depth == 0
