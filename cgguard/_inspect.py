@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from cgguard import _liveness, _state
 from cgguard._checks import BEGAN_AT, MODE, THREAD
@@ -312,7 +312,8 @@ class Inspector(Watcher):
             # The record with its begin stack walked now: a live frame moves on once the
             # capture's with statement ends, and a replay may report it much later.
             record = token.record
-            inputs.record = (*record[:BEGAN_AT], resolve(record[BEGAN_AT]), *record[BEGAN_AT + 1 :])  # type: ignore[assignment]
+            began = resolve(record[BEGAN_AT])
+            inputs.record = cast("Record", (*record[:BEGAN_AT], began, *record[BEGAN_AT + 1 :]))
             vars(token.graph)[_INPUTS] = inputs
         elif outcome == FAILED and error is not None and _broken(error):
             self._what_broke(token, error)
