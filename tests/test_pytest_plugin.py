@@ -543,7 +543,8 @@ def test_unknown_rule_in_the_marker_is_an_error(guarded: Session) -> None:
     guarded.section("ERROR at setup of test_typo").fnmatch_lines(
         [
             "cgguard_expect: unknown rule(s) 'nested'; the rules are capture_disabled, "
-            "nested_capture, concurrent_capture, sync_during_capture, abandoned_capture",
+            "nested_capture, concurrent_capture, sync_during_capture, abandoned_capture, "
+            "implicit_sync, dead_input, rng_during_capture",
         ]
     )
 
