@@ -12,6 +12,7 @@ from cgguard._errors import ConfigError
 from cgguard._rules import ACTIONS, NAMES, RULES
 from cgguard._settings import (
     BOOL,
+    COUNT,
     EXEMPT,
     PATH,
     SETTINGS,
@@ -77,7 +78,10 @@ class Config:
     places. ``exempt_file``: a file of more exemptions, read at install (docs/exemptions.md).
     ``windows``: capture windows, "module:qualname" entries ("," between them in one str):
     once one has been entered and closed, a capture outside every open window breaks
-    capture_disabled (docs/integrations.md#capture-windows).
+    capture_disabled (docs/integrations.md#capture-windows). ``inspect``: watch each capture
+    op by op and each replay of the graphs it made (implicit_sync, dead_input,
+    rng_during_capture; docs/inspection.md). ``inspect_first``: inspect only the first N
+    captures of each site (None: all).
     """
 
     # The types are here for type checkers; values and defaults come from cgguard._settings.
@@ -93,6 +97,8 @@ class Config:
     exempt: tuple[tuple[str, str], ...] = dataclasses.field(default=SETTINGS["exempt"].default)
     exempt_file: str | None = dataclasses.field(default=SETTINGS["exempt_file"].default)
     windows: tuple[str, ...] = dataclasses.field(default=SETTINGS["windows"].default)
+    inspect: bool = dataclasses.field(default=SETTINGS["inspect"].default)
+    inspect_first: int | None = dataclasses.field(default=SETTINGS["inspect_first"].default)
 
     if TYPE_CHECKING:
         # What type checkers see of the __init__ that dataclasses writes: it takes the paths
@@ -111,6 +117,8 @@ class Config:
             exempt: Exempt = ...,
             exempt_file: str | os.PathLike[str] | None = ...,
             windows: Windows = ...,
+            inspect: bool = ...,
+            inspect_first: int | None = ...,
         ) -> None: ...
 
     def __post_init__(self) -> None:
@@ -185,6 +193,9 @@ def _plain(setting: Setting, value: object) -> object:
         return value if value is True or value is False else _REFUSED
     if value is None:
         return None if setting.default is None else _REFUSED
+    if setting.choices is COUNT:
+        # ``type``: True is an int, but Config(inspect_first=True) is a mistake.
+        return value if type(value) is int and value >= 1 else _REFUSED
     if setting.choices is PATH and hasattr(type(value), "__fspath__"):
         value = os.fspath(cast("os.PathLike[str]", value))  # str, or bytes that _text refuses
     text = plain(value)
@@ -200,6 +211,8 @@ def _refused(setting: Setting, value: object) -> ConfigError:
         accepted = "False, True"
     elif setting.choices is PATH:
         accepted = "None or a path, a str or os.PathLike (not blank, no NUL character)"
+    elif setting.choices is COUNT:
+        accepted = "None or a whole number (int), 1 or more"
     else:
         accepted = ", ".join(repr(c) for c in setting.choices)
         accepted = f"None, {accepted}" if setting.default is None else accepted

@@ -57,3 +57,22 @@ class AbandonedCaptureError(CaptureViolation):
     """A thread ended while a capture it began was active (reported, never raised)."""
 
     rule = "abandoned_capture"
+
+
+class ImplicitSyncError(CaptureViolation):
+    """An operator that synchronizes the device (``.item()``, ``nonzero``, ...) was called
+    during a capture (refused before it ran)."""
+
+    rule = "implicit_sync"
+
+
+class DeadInputError(CaptureViolation):
+    """A graph was replayed after a tensor its capture read had been freed or moved."""
+
+    rule = "dead_input"
+
+
+class RngDuringCaptureError(CaptureViolation):
+    """The CUDA random-number generator was seeded or its state read or set during a capture."""
+
+    rule = "rng_during_capture"

@@ -16,6 +16,8 @@ from cgguard._schema import RANK_KEYS
 from cgguard._version import __version__, distribution_version
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from cgguard._config import Config
     from cgguard._frames import FrameInfo, Snapshot
     from cgguard._ledger import Ledger, Site, Tally
@@ -87,11 +89,14 @@ def violation(
     action: str,
     count: int,
     thread: tuple[str, int | None] | None = None,
+    more: Mapping[str, Snapshot | None] | None = None,
 ) -> ViolationEvent:
     """A violation as the full event docs/rules-and-events.md documents.
 
     ``cause_stack`` is where the cause happened, if known; ``cause`` says the rest, its
-    ``where`` completed here from the cause's stack when there is one.
+    ``where`` completed here from the cause's stack when there is one. ``more`` holds the
+    further stacks the rule's table entry names (None: not known); its ``why`` may name each
+    one's place as ``{key}``.
     """
     spec = RULES[rule]
     event = _common(rule, api, action, count, thread)
@@ -102,6 +107,14 @@ def violation(
         event[spec.cause_key] = cause_frames
     if spec.thread_key is not None:
         event[spec.thread_key] = cause.thread_id
+    if spec.more_stacks:
+        places = {}
+        for key, _ in spec.more_stacks:
+            known = (more or {}).get(key)
+            more_frames = render(known) if known is not None else None
+            event[key] = more_frames
+            places[key] = where(more_frames) if more_frames else "an unknown place"
+        cause = cause.explained(cause.why.format_map(places))
     if cause_frames is not None:
         cause = cause.completed(where(cause_frames))
     event["message"] = spec.message(f"{api} at {where(frames)}", cause)

@@ -123,9 +123,13 @@ def uninstall() -> None:
             # everything through from now on, as torch's own would.
             tracker.retired = True
         installation.replay.restore()
+        installation.watcher_hooks.restore()
         installation.device_sync.restore()
         installation.patches.restore()
         if tracker is not None:
+            # Each capture under way is over for cgguard: its watchers are told so, and those
+            # on the capturing thread let go of what they hold there (a dispatch mode).
+            tracker.forget()
             tracker.active.clear()
     # Outside the lock, as for a reconfiguration: it waits for violations in flight.
     installation.reporter.close()
@@ -165,6 +169,7 @@ def status() -> Status:
                 installation.patches.targets()
                 + installation.device_sync.targets()
                 + installation.replay.targets()
+                + installation.watcher_hooks.targets()
             ),
             waiting_for_torch=PATCH_ON_IMPORT in _startup.pending("torch"),
             followed=followed,
@@ -251,8 +256,12 @@ def _configure(
 def _watchers(config: Config, installation: Installation) -> tuple[Watcher, ...]:
     """What ``config`` has follow each capture beyond the rules (cgguard._watch), in the
     order they are told: each feature that watches captures adds its own here."""
-    del config, installation
-    return ()
+    watchers: list[Watcher] = []
+    if config.inspect:
+        from cgguard._inspect import Inspector
+
+        watchers.append(Inspector(installation, config.inspect_first))
+    return tuple(watchers)
 
 
 def _reporter(config: Config, run: Run) -> Reporter:

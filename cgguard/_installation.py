@@ -38,6 +38,8 @@ class Installation:
         # Where replay lands, as cgguard._patches found it: torch's CUDAGraph, and a stand-in's
         # that does not extend it.
         self.replay_targets: list[tuple[Any, str]] = []
+        # The watchers' own hooks on torch (Watcher.hooks), in place while they are watching.
+        self.watcher_hooks = PatchSet()
 
     @property
     def run(self) -> Run:
@@ -61,6 +63,7 @@ class Installation:
             self.tracker.watchers = watchers
             self.tracker.replay_watchers = tuple(w for w in watchers if w.wants_replays)
             self._hook_replays()
+            self._hook_watchers()
 
     def _hook_replays(self) -> None:
         """Hook CUDAGraph.replay while a watcher wants replays; put torch's back otherwise."""
@@ -74,6 +77,16 @@ class Installation:
             self.replay.apply(
                 (owner, name, tracker.make_replay) for owner, name in self.replay_targets
             )
+
+    def _hook_watchers(self) -> None:
+        """Put on the hooks the watchers ask for, unless they are already there."""
+        hooks = [hook for watcher in self.watchers for hook in watcher.hooks()]
+        wanted = [describe(owner, name) for owner, name, _ in hooks]
+        held = all(self.watcher_hooks.holds(owner, name) for owner, name, _ in hooks)
+        if wanted == self.watcher_hooks.targets() and held:
+            return
+        self.watcher_hooks.restore()
+        self.watcher_hooks.apply(hooks)
 
     def after_fork(self) -> None:
         """A forked child's fresh start: a run of its own, no captures, no lock held.

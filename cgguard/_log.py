@@ -146,6 +146,9 @@ def _stacks_as_text(_: object, __: str, event_dict: MutableMapping[str, Any]) ->
         cause: list[FrameInfo] | None = event_dict.pop(rule.cause_key)
         body = format_frames(cause) if cause is not None else "  (by configuration at start)"
         blocks.append(f"{rule.cause_title}\n{body}")
+    for key, title in rule.more_stacks:
+        more: list[FrameInfo] | None = event_dict.pop(key, None)
+        blocks.append(f"{title}\n" + (format_frames(more) if more else "  (not known)"))
     event_dict["stack"] = "\n\n".join(blocks)
     return event_dict
 

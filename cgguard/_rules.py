@@ -12,7 +12,10 @@ from cgguard._errors import (
     CaptureDisabledError,
     CaptureViolation,
     ConcurrentCaptureError,
+    DeadInputError,
+    ImplicitSyncError,
     NestedCaptureError,
+    RngDuringCaptureError,
     SyncDuringCaptureError,
 )
 
@@ -65,6 +68,17 @@ class Cause:
         # not make).
         self.why = why
 
+    def explained(self, why: str) -> "Cause":
+        """This cause with ``why`` in place of its own."""
+        return Cause(
+            self.where,
+            self.thread_id,
+            self.mode,
+            query=self.query,
+            elsewhere=self.elsewhere,
+            why=why,
+        )
+
     def completed(self, where: str) -> "Cause":
         """This cause with ``{where}`` filled in."""
         return Cause(
@@ -88,6 +102,7 @@ class Rule:
         "diagnostic",
         "error",
         "message",
+        "more_stacks",
         "name",
         "thread_key",
     )
@@ -103,6 +118,7 @@ class Rule:
         attempt_title: str,
         message: "Callable[[str, Cause], str]",
         thread_key: "str | None" = None,
+        more_stacks: "tuple[tuple[str, str], ...]" = (),
     ) -> None:
         self.name = error.rule  # named once, on the exception users catch
         self.error = error
@@ -117,6 +133,9 @@ class Rule:
         # The event key that holds the id of the thread whose capture is the cause, where the
         # cause is another thread's capture.
         self.thread_key = thread_key
+        # Further stacks the event holds, as (event key, console title): a dead input's first
+        # read in the capture and where its storage was freed. Each may be None: not known.
+        self.more_stacks = more_stacks
         # (head, cause) -> the exception's and the event's one-sentence message; ``head`` is
         # "API at FILE:LINE (in F)".
         self.message = message
@@ -189,7 +208,34 @@ def _abandoned(head: str, cause: Cause) -> str:
     )
 
 
+def _implicit_sync(head: str, cause: Cause) -> str:
+    # ``why`` holds what the user wrote to reach the op (cgguard._sync_ops).
+    return (
+        f"Implicit synchronize during CUDA graph capture: {head} ({cause.why}) waits for the "
+        f"device while this thread's capture {cause.where} is active; CUDA fails it "
+        f"({_PROHIBITED}) and invalidates the capture."
+    )
+
+
+def _dead_input(head: str, cause: Cause) -> str:
+    # ``why`` says which tensor, where the capture first read it and where it was freed.
+    return (
+        f"Dead input at CUDA graph replay: {head} replays a graph whose capture {cause.where} "
+        f"read a tensor allocated outside it that {cause.why}; the replay would read memory "
+        f"that is no longer that tensor's."
+    )
+
+
+def _rng(head: str, cause: Cause) -> str:
+    return (
+        f"CUDA random-number generator used during CUDA graph capture: {head} while this "
+        f"thread's capture {cause.where} is active; torch refuses it in CUDAGeneratorImpl "
+        f"(seed and state cannot change while a graph captures its offsets)."
+    )
+
+
 _ATTEMPT = "The capture was attempted at (most recent call last):"
+_CAPTURE_BEGAN = "The capture began at (most recent call last):"
 
 RULES: "dict[str, Rule]" = {
     rule.name: rule
@@ -228,7 +274,7 @@ RULES: "dict[str, Rule]" = {
             blames=BLAMES_CAPTURE,
             thread_key="capture_thread_id",
             cause_key="capture_stack",
-            cause_title="The capture began at (most recent call last):",
+            cause_title=_CAPTURE_BEGAN,
             attempt_title="The synchronize or query was made at (most recent call last):",
             message=_sync,
         ),
@@ -242,6 +288,39 @@ RULES: "dict[str, Rule]" = {
             cause_title="",
             attempt_title="The abandoned capture began at (most recent call last):",
             message=_abandoned,
+        ),
+        # The inspection's rules (cgguard._inspect): each a certain failure, so they take the
+        # global mode.
+        Rule(
+            ImplicitSyncError,
+            diagnostic=False,
+            blames=BLAMES_CAPTURE,
+            cause_key="capture_stack",
+            cause_title=_CAPTURE_BEGAN,
+            attempt_title="The synchronizing operation was called at (most recent call last):",
+            message=_implicit_sync,
+        ),
+        Rule(
+            DeadInputError,
+            diagnostic=False,
+            blames=BLAMES_CAPTURE,
+            cause_key="capture_stack",
+            cause_title=_CAPTURE_BEGAN,
+            attempt_title="The replay was called at (most recent call last):",
+            message=_dead_input,
+            more_stacks=(
+                ("read_stack", "The capture first read the tensor at (most recent call last):"),
+                ("freed_stack", "The tensor's storage was freed at (most recent call last):"),
+            ),
+        ),
+        Rule(
+            RngDuringCaptureError,
+            diagnostic=False,
+            blames=BLAMES_CAPTURE,
+            cause_key="capture_stack",
+            cause_title=_CAPTURE_BEGAN,
+            attempt_title="The random-number generator was called at (most recent call last):",
+            message=_rng,
         ),
     )
 }

@@ -18,6 +18,7 @@ from cgguard import _exempt_syntax
 from cgguard._rules import ACTIONS, NAMES
 from cgguard._settings import (
     BOOL,
+    COUNT,
     EXEMPT,
     PATH,
     RULE_PREFIX,
@@ -99,7 +100,12 @@ def run_parser() -> argparse.ArgumentParser:
                 help=f"capture windows, {accepted(WINDOWS)}; repeatable; sets {setting.variable}",
             )
         else:
-            metavar = "PATH" if setting.choices is PATH else "{" + ",".join(setting.choices) + "}"
+            if setting.choices is PATH:
+                metavar = "PATH"
+            elif setting.choices is COUNT:
+                metavar = "N"
+            else:
+                metavar = "{" + ",".join(setting.choices) + "}"
             parser.add_argument(
                 setting.option,
                 dest=setting.field,
@@ -126,11 +132,11 @@ def _value_of(setting: Setting) -> Callable[[str], str]:
         # The variable's own parser, so that the option accepts what the variable accepts.
         # A blank path is refused as well as an empty one: the program would read it as unset.
         parsed = setting.parse(text)
-        if not isinstance(parsed, str):
+        if not isinstance(parsed, (str, int)) or isinstance(parsed, bool):
             raise argparse.ArgumentTypeError(
                 f"{shown(text)}: accepted values are {accepted(setting.choices)}"
             )
-        return parsed
+        return str(parsed)
 
     return value
 

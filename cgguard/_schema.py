@@ -59,6 +59,8 @@ class _ViolationOptional(_Ranked, total=False):
     other_thread_id: int
     capture_stack: list[FrameInfo]
     capture_thread_id: int | None
+    read_stack: list[FrameInfo] | None  # dead_input: where the capture first read the tensor
+    freed_stack: list[FrameInfo] | None  # dead_input: where its storage was freed, if known
     site: FrameInfo | None  # a repeat only, in place of the stacks
 
 

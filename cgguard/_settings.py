@@ -28,6 +28,7 @@ EXEMPT = (
 )  # exemptions: RULE=PLACE entries, separated by ";" (cgguard._exempt_syntax)
 WINDOWS = ("module:qualname",)  # capture windows: entries separated by "," (cgguard._windows)
 WINDOW_SEPARATOR = ","
+COUNT = ("N",)  # a whole number, 1 or more
 WINDOW_SYNTAX = (
     "module:qualname, naming a function or method (a capture window while it runs), or a "
     "module attribute, a ContextVar or a threading.local's attribute (module:local.attr), "
@@ -84,6 +85,8 @@ class Setting:
             return pairs or None
         if self.choices is WINDOWS:
             return tuple(window_entries(raw)[0]) or None
+        if self.choices is COUNT:
+            return parse_count(raw)
         folded = raw.strip().lower()
         return folded if folded in self.choices else None
 
@@ -104,6 +107,8 @@ SETTINGS: "dict[str, Setting]" = {
         Setting("exempt", EXEMPT, (), "none"),
         Setting("exempt_file", PATH, None, "none"),
         Setting("windows", WINDOWS, (), "none", name="window"),
+        Setting("inspect", BOOL, False),
+        Setting("inspect_first", COUNT, None, "every capture of each site"),
     )
 }
 
@@ -150,8 +155,22 @@ def parse_bool(value: str) -> "bool | None":
     return None
 
 
+def parse_count(value: str) -> "int | None":
+    """A whole number of 1 or more, written in ASCII digits; None for anything else.
+
+    Not isdigit(): it is true for "²", which int() refuses.
+    """
+    text = value.strip()
+    if not (text.isascii() and text.isdecimal()):
+        return None
+    number = int(text)
+    return number if number >= 1 else None
+
+
 def accepted(choices: "tuple[str, ...]") -> str:
     """The accepted values, as an error message lists them."""
+    if choices is COUNT:
+        return "a whole number, 1 or more"
     if choices is BOOL:
         return "1/true/yes/on or 0/false/no/off"
     if choices is PATH:

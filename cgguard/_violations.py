@@ -25,7 +25,7 @@ from cgguard._threads import this_thread
 from cgguard._warn import warn_once
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from cgguard._checks import Found, Record
     from cgguard._config import Action, Config
@@ -84,11 +84,13 @@ class Reporter:
         *,
         refuse: bool,
         why: str = "",
+        more: Mapping[str, Snapshot | None] | None = None,
     ) -> CaptureViolation | None:
         """Count and report each violation; return the error to raise, if an action says raise.
 
         With ``refuse`` false (too late to refuse), a raise action is reported as logged. An
-        exempted violation is counted as exempted, and neither raised nor reported.
+        exempted violation is counted as exempted, and neither raised nor reported. ``more``:
+        the further stacks a rule's event holds (cgguard._rules, ``more_stacks``).
         """
         with self._lock:
             if self._retired:
@@ -99,9 +101,9 @@ class Reporter:
                 successor = None
                 self._users.append(get_ident())
         if successor is not None:
-            return successor.violated(found, api, stack, refuse=refuse, why=why)
+            return successor.violated(found, api, stack, refuse=refuse, why=why, more=more)
         try:
-            return self._violated(found, api, stack, refuse=refuse, why=why)
+            return self._violated(found, api, stack, refuse=refuse, why=why, more=more)
         finally:
             self._leave()
 
@@ -169,7 +171,14 @@ class Reporter:
         self.retire(None)
 
     def _violated(
-        self, found: Found, api: str, stack: Snapshot | LiveStack, *, refuse: bool, why: str
+        self,
+        found: Found,
+        api: str,
+        stack: Snapshot | LiveStack,
+        *,
+        refuse: bool,
+        why: str,
+        more: Mapping[str, Snapshot | None] | None = None,
     ) -> CaptureViolation | None:
         acting: Acting = []
         for rule, cause in found:
@@ -182,7 +191,7 @@ class Reporter:
             return None
         refusing = next((r for r, _, a in acting if refuse and a == "raise"), None)
         try:
-            return self._report_each(acting, api, stack, refuse=refuse, why=why)
+            return self._report_each(acting, api, stack, refuse=refuse, why=why, more=more)
         except Exception as exc:
             warn_once("guard:report", f"internal error while reporting a violation: {exc!r}")
             if refusing is None:
@@ -230,7 +239,14 @@ class Reporter:
             report.changed(new_site=False)
 
     def _report_each(
-        self, acting: Acting, api: str, stack: Snapshot | LiveStack, *, refuse: bool, why: str
+        self,
+        acting: Acting,
+        api: str,
+        stack: Snapshot | LiveStack,
+        *,
+        refuse: bool,
+        why: str,
+        more: Mapping[str, Snapshot | None] | None = None,
     ) -> CaptureViolation | None:
         stack = resolve(stack)
         code, lasti = innermost_visible(stack)
@@ -244,7 +260,9 @@ class Reporter:
             # Rendering is the expensive part: only for the first at a site, a raise, or
             # listeners that must see every violation in full.
             if count == 1 or raising or self.listeners:
-                event = _event(rule, api, stack, cause, action=taken, count=count, why=why)
+                event = _event(
+                    rule, api, stack, cause, action=taken, count=count, why=why, more=more
+                )
                 if count == 1:
                     site.first = event
                 self._publish(event)
@@ -277,6 +295,7 @@ def _event(
     action: str,
     count: int,
     why: str = "",
+    more: Mapping[str, Snapshot | None] | None = None,
 ) -> ViolationEvent:
     """The full event of one violation, its cause told as its rule's table entry says."""
     blames = RULES[rule].blames
@@ -313,4 +332,6 @@ def _event(
         why=why,
     )
     began_at = resolve(record[BEGAN_AT])
-    return _events.violation(rule, api, stack, began_at, told, action=action, count=count)
+    return _events.violation(
+        rule, api, stack, began_at, told, action=action, count=count, more=more
+    )

@@ -13,6 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from cgguard._checks import Record
 
 # How a capture cgguard saw begin came to an end.
@@ -51,3 +53,8 @@ class Watcher:
 
     def after_fork(self) -> None:
         """A forked child's fresh start: what the parent watched is not the child's."""
+
+    def hooks(self) -> list[tuple[Any, str, Callable[[Any], Any]]]:
+        """Torch attributes this watcher wraps while it is installed, as (owner, name, make):
+        put on once torch is patched, taken off with the watcher (cgguard._installation)."""
+        return []

@@ -8,6 +8,7 @@ structlog and torch) is imported in the hooks, once the session asks for it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 import threading
@@ -52,10 +53,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="run the session on cgguard's simulated CUDA runtime (where no CUDA device is usable)",
     )
+    group.addoption(
+        "--cgguard-inspect",
+        action="store_true",
+        help="with --cgguard, inspect every capture op by op and every replay (implicit_sync, "
+        "dead_input, rng_during_capture)",
+    )
     parser.addini("cgguard", "like --cgguard", type="bool", default=False)
     parser.addini(
         "cgguard_simulate_cuda", "like --cgguard-simulate-cuda", type="bool", default=False
     )
+    parser.addini("cgguard_inspect", "like --cgguard-inspect", type="bool", default=False)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -68,6 +76,9 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     guard = _flag(config, "cgguard")
     simulate = _flag(config, "cgguard_simulate_cuda")
+    inspect = _flag(config, "cgguard_inspect")
+    if inspect and not guard:
+        raise pytest.UsageError("--cgguard-inspect (or cgguard_inspect) needs --cgguard")
     if not (guard or simulate):
         return
     cleanup = contextlib.ExitStack()
@@ -79,6 +90,11 @@ def pytest_configure(config: pytest.Config) -> None:
     import cgguard
 
     cgguard_config = None if _already_active() else cgguard.Config.from_environ()
+    if inspect:
+        # On top of the environment's configuration, or of the activation's already in effect.
+        active = cgguard.status().config if cgguard_config is None else cgguard_config
+        if active is not None and not active.inspect:
+            cgguard_config = dataclasses.replace(active, inspect=True)
     # The runtime comes first, as with CGGUARD_SIMULATE_CUDA activation: install() then patches
     # torch at once, and the patches come off before the runtime goes away.
     if simulate or (cgguard_config is not None and cgguard_config.simulate_cuda):

@@ -105,11 +105,16 @@ DEFAULT_CONFIGURATION = [
     "  exempt         none         (default)",
     "  exempt_file    none         (default)",
     "  window         none         (default)",
+    "  inspect        False        (default)",
+    "  inspect_first  every capture of each site (default)",
     "  rule           capture_disabled: raise (default)",
     "  rule           nested_capture: raise (default)",
     "  rule           concurrent_capture: log (default)",
     "  rule           sync_during_capture: log (default)",
     "  rule           abandoned_capture: log (default)",
+    "  rule           implicit_sync: raise (default)",
+    "  rule           dead_input: raise (default)",
+    "  rule           rng_during_capture: raise (default)",
 ]
 
 

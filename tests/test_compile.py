@@ -133,3 +133,32 @@ def test_reduce_overhead_skips_cudagraphs_for_cpu_tensors(
     if COUNTS_CPU_CUDAGRAPH_SKIPS:
         assert counters["inductor"]["cudagraph_skips"] - skipped_before == 1
     assert (driver_calls(sim), events) == (capture_calls(1, 1), [])
+
+
+def test_compiled_function_stays_compiled_inside_an_inspected_capture(
+    sim: SimulatedCuda, events: list[dict[str, Any]]
+) -> None:
+    """Under inspection, a compiled function called inside a simulated capture still runs its
+    compiled code (the inspection's mode passes over compiled internals), with the eager
+    result, and breaks no rule."""
+    from torch._inductor.compile_fx import compile_fx
+
+    cgguard.install(cgguard.Config(mode="log", log_format="json", inspect=True))
+    runs: list[int] = []
+
+    def counting_inductor(gm: Any, example_inputs: Any) -> Any:
+        compiled = compile_fx(gm, example_inputs)
+
+        def run(*args: Any) -> Any:
+            runs.append(1)  # the compiled artifact ran, not the function eagerly
+            return compiled(*args)
+
+        return run
+
+    compiled = torch.compile(triple_sin, backend=counting_inductor)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = compiled(X)
+    graph.replay()
+    torch.testing.assert_close(result, EXPECTED)
+    assert (runs, events) == ([1], [])

@@ -22,6 +22,8 @@ DEFAULTS = {
     "exempt": (),
     "exempt_file": None,
     "windows": (),
+    "inspect": False,
+    "inspect_first": None,
 }
 RULES = (
     "capture_disabled",
@@ -29,11 +31,15 @@ RULES = (
     "concurrent_capture",
     "sync_during_capture",
     "abandoned_capture",
+    "implicit_sync",
+    "dead_input",
+    "rng_during_capture",
 )
 PATHS = "None or a path, a str or os.PathLike (not blank, no NUL character)"
 RULES_ACCEPTED = (
     "accepted rules are capture_disabled, nested_capture, concurrent_capture, "
-    "sync_during_capture, abandoned_capture; actions are raise, log, off"
+    "sync_during_capture, abandoned_capture, implicit_sync, dead_input, rng_during_capture; "
+    "actions are raise, log, off"
 )
 
 
@@ -57,6 +63,8 @@ def test_every_field_set() -> None:
         exempt="capture_disabled=torch._inductor.",
         exempt_file="/etc/cgguard/exempt",
         windows="vllm.v1.worker.gpu.model_runner:GPUModelRunner.capture_model, pkg:FLAG",
+        inspect=True,
+        inspect_first=67,
     )
     expected = {
         "mode": "log",
@@ -71,8 +79,21 @@ def test_every_field_set() -> None:
         "exempt": (("capture_disabled", "torch._inductor."),),
         "exempt_file": "/etc/cgguard/exempt",
         "windows": ("vllm.v1.worker.gpu.model_runner:GPUModelRunner.capture_model", "pkg:FLAG"),
+        "inspect": True,
+        "inspect_first": 67,
     }
     assert expected == dataclasses.asdict(config)
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 2.0, "3"])
+def test_inspect_first_refuses_what_is_not_a_count(value: object) -> None:
+    """inspect_first takes None or an int of 1 or more; anything else is one ConfigError line."""
+    with pytest.raises(cgguard.ConfigError) as refused:
+        cgguard.Config(inspect_first=value)  # type: ignore[arg-type]
+    assert str(refused.value) == (
+        f"Config(inspect_first={value!r}): accepted values are None or a whole number (int), "
+        "1 or more"
+    )
 
 
 @pytest.mark.parametrize(
@@ -113,19 +134,22 @@ def test_every_field_set() -> None:
         (
             {"rules": {"nested": "off"}},
             "Config(rules={'nested': 'off'}): accepted rules are capture_disabled, "
-            "nested_capture, concurrent_capture, sync_during_capture, abandoned_capture; "
+            "nested_capture, concurrent_capture, sync_during_capture, abandoned_capture, "
+            "implicit_sync, dead_input, rng_during_capture; "
             "actions are raise, log, off",
         ),
         (
             {"rules": {"nested_capture": "warn"}},
             "Config(rules={'nested_capture': 'warn'}): accepted rules are capture_disabled, "
-            "nested_capture, concurrent_capture, sync_during_capture, abandoned_capture; "
+            "nested_capture, concurrent_capture, sync_during_capture, abandoned_capture, "
+            "implicit_sync, dead_input, rng_during_capture; "
             "actions are raise, log, off",
         ),
         (
             {"rules": {"sync_during_capture": "OFF"}},
             "Config(rules={'sync_during_capture': 'OFF'}): accepted rules are capture_disabled, "
-            "nested_capture, concurrent_capture, sync_during_capture, abandoned_capture; "
+            "nested_capture, concurrent_capture, sync_during_capture, abandoned_capture, "
+            "implicit_sync, dead_input, rng_during_capture; "
             "actions are raise, log, off",
         ),
     ],
@@ -183,6 +207,9 @@ def test_equal_configs_hash_equal() -> None:
             {
                 "capture_disabled": "raise",
                 "nested_capture": "raise",
+                "implicit_sync": "raise",
+                "dead_input": "raise",
+                "rng_during_capture": "raise",
                 "concurrent_capture": "log",
                 "sync_during_capture": "log",
                 "abandoned_capture": "log",
@@ -193,6 +220,9 @@ def test_equal_configs_hash_equal() -> None:
             {
                 "capture_disabled": "log",
                 "nested_capture": "log",
+                "implicit_sync": "log",
+                "dead_input": "log",
+                "rng_during_capture": "log",
                 "concurrent_capture": "log",
                 "sync_during_capture": "log",
                 "abandoned_capture": "log",
@@ -201,7 +231,8 @@ def test_equal_configs_hash_equal() -> None:
     ],
 )
 def test_action_defaults(mode: str, expected: dict[str, str]) -> None:
-    """Unset rules: capture_disabled and nested_capture follow mode; the diagnostics log."""
+    """Unset rules: capture_disabled, nested_capture and the inspection's rules follow mode;
+    the diagnostics log."""
     config = cgguard.Config(mode=mode)  # type: ignore[arg-type]
     assert expected == {rule: config.action(rule) for rule in RULES}
 
@@ -223,6 +254,9 @@ def test_action_set_per_rule_wins_over_mode(mode: str) -> None:
         "concurrent_capture": "raise",
         "sync_during_capture": "off",
         "abandoned_capture": "log",
+        "implicit_sync": mode,
+        "dead_input": mode,
+        "rng_during_capture": mode,
     }
     assert expected == {rule: config.action(rule) for rule in RULES}
 

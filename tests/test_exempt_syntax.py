@@ -23,7 +23,8 @@ SYNTAX = (
     "or a function (module:qualname)"
 )
 RULES = (
-    "capture_disabled, nested_capture, concurrent_capture, sync_during_capture, abandoned_capture"
+    "capture_disabled, nested_capture, concurrent_capture, sync_during_capture, abandoned_capture, "
+    "implicit_sync, dead_input, rng_during_capture"
 )
 
 

@@ -47,12 +47,17 @@ def test_configuration_names_the_variable_a_value_follows() -> None:
         "  exempt         none         (default)",
         "  exempt_file    none         (default)",
         "  window         none         (default)",
+        "  inspect        False        (default)",
+        "  inspect_first  every capture of each site (default)",
         "  rule           capture_disabled: log (from CGGUARD_MODE)",
         "  rule           nested_capture: raise (CGGUARD_RULE_NESTED_CAPTURE)",
         # The diagnostics log whatever the mode: their default is their own.
         "  rule           concurrent_capture: log (default)",
         "  rule           sync_during_capture: log (default)",
         "  rule           abandoned_capture: log (default)",
+        "  rule           implicit_sync: log (from CGGUARD_MODE)",
+        "  rule           dead_input: log (from CGGUARD_MODE)",
+        "  rule           rng_during_capture: log (from CGGUARD_MODE)",
     ]
     assert expected == _configuration(environ)
 

@@ -543,7 +543,8 @@ def test_unknown_rule_in_the_marker_is_an_error(guarded: Session) -> None:
     guarded.section("ERROR at setup of test_typo").fnmatch_lines(
         [
             "cgguard_expect: unknown rule(s) 'nested'; the rules are capture_disabled, "
-            "nested_capture, concurrent_capture, sync_during_capture, abandoned_capture",
+            "nested_capture, concurrent_capture, sync_during_capture, abandoned_capture, "
+            "implicit_sync, dead_input, rng_during_capture",
         ]
     )
 
@@ -1111,3 +1112,49 @@ def test_a_violation_s_names_are_shown_safe_in_the_test_s_report(
         False,
         True,
     )
+
+
+INSPECTED = """
+import torch
+
+
+def test_item_in_capture():
+    x = torch.arange(3.0)
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        y = x * 2
+        try:
+            y.sum().item()
+        except RuntimeError:
+            pass
+
+
+def test_clean_capture():
+    x = torch.arange(3.0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = x * 2
+    graph.replay()
+"""
+
+
+def test_inspected_simulated_session_fails_a_test_that_calls_item_in_a_capture(
+    pytester: pytest.Pytester,
+) -> None:
+    """--cgguard-inspect on the simulation: a CPU-only session fails the test whose captured
+    code calls .item(), and passes the clean one; without the option both pass."""
+    pytester.makepyfile(test_inspected=INSPECTED)
+    run(pytester, "--cgguard", "--cgguard-simulate-cuda").assert_outcomes(passed=2)
+    result = run(pytester, "--cgguard", "--cgguard-simulate-cuda", "--cgguard-inspect")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["FAILED test_inspected.py::test_item_in_capture - cgguard: *"])
+
+
+def test_inspect_ini_option_and_its_need_of_cgguard(pytester: pytest.Pytester) -> None:
+    """cgguard_inspect in the ini file does what --cgguard-inspect does; alone, without
+    --cgguard, it is a usage error naming what it needs."""
+    pytester.makepyfile(test_inspected=INSPECTED)
+    pytester.makeini("[pytest]\ncgguard_inspect = true\ncgguard_simulate_cuda = true\n")
+    run(pytester, "--cgguard").assert_outcomes(passed=1, failed=1)
+    refused = run(pytester)
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["*--cgguard-inspect (or cgguard_inspect) needs --cgguard*"])

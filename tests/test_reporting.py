@@ -258,6 +258,8 @@ def config_section(**values: object) -> dict[str, Any]:
         "exempt": [],
         "exempt_file": None,
         "windows": [],
+        "inspect": False,
+        "inspect_first": None,
         **values,
     }
 

@@ -17,11 +17,14 @@ EXCEPTIONS = {
     "concurrent_capture": cgguard.ConcurrentCaptureError,
     "sync_during_capture": cgguard.SyncDuringCaptureError,
     "abandoned_capture": cgguard.AbandonedCaptureError,
+    "implicit_sync": cgguard.ImplicitSyncError,
+    "dead_input": cgguard.DeadInputError,
+    "rng_during_capture": cgguard.RngDuringCaptureError,
 }
 
 
 def test_the_rules_and_their_exceptions() -> None:
-    """Five rules, in the order they are checked, each with its own public exception."""
+    """Eight rules, in the order they are checked, each with its own public exception."""
     assert {name: rule.error for name, rule in RULES.items()} == EXCEPTIONS
     assert list(NAMES) == list(EXCEPTIONS)
 

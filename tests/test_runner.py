@@ -451,7 +451,8 @@ def test_environment_of_the_program(tmp_path: Path, old: str | None, expected: s
         b"cgguard: ignoring CGGUARD_OTHER: no such variable; the variables are CGGUARD_ENABLED, "
         b"CGGUARD_MODE, CGGUARD_LOG_FORMAT, CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, "
         b"CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, "
-        b"CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, CGGUARD_RULE_<RULE>\n",
+        b"CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, CGGUARD_INSPECT, "
+        b"CGGUARD_INSPECT_FIRST, CGGUARD_RULE_<RULE>\n",
     )
     assert {
         **plain_environ,
@@ -853,8 +854,8 @@ def test_version(tmp_path: Path) -> None:
 
 RULE_ERROR = (
     "cgguard run: error: argument --rule: '{}': accepted values are RULE=ACTION with RULE one of "
-    "capture_disabled, nested_capture, concurrent_capture, sync_during_capture, abandoned_capture "
-    "and ACTION one of "
+    "capture_disabled, nested_capture, concurrent_capture, sync_during_capture, abandoned_capture, "
+    "implicit_sync, dead_input, rng_during_capture and ACTION one of "
     "raise, log, off\n"
 )
 
@@ -1094,6 +1095,8 @@ def test_program_importing_torch_is_guarded_as_configured(tmp_path: Path) -> Non
             "exempt": [],
             "exempt_file": None,
             "windows": [],
+            "inspect": False,
+            "inspect_first": None,
         },
         "capture_enabled": False,
     }
@@ -1168,11 +1171,16 @@ def test_info_reports_versions_configuration_and_activation(tmp_path: Path) -> N
         "  exempt         none         (default)",
         "  exempt_file    none         (default)",
         "  window         none         (default)",
+        "  inspect        False        (default)",
+        "  inspect_first  every capture of each site (default)",
         "  rule           capture_disabled: log (from CGGUARD_MODE)",
         "  rule           nested_capture: log (from CGGUARD_MODE)",
         "  rule           concurrent_capture: log (default)",
         "  rule           sync_during_capture: raise (CGGUARD_RULE_SYNC_DURING_CAPTURE)",
         "  rule           abandoned_capture: log (default)",
+        "  rule           implicit_sync: log (from CGGUARD_MODE)",
+        "  rule           dead_input: log (from CGGUARD_MODE)",
+        "  rule           rng_during_capture: log (from CGGUARD_MODE)",
         "  warning: ignoring CGGUARD_CAPTURE='sometimes': accepted values are enabled, disabled",
         "  warning: ignoring CGGUARD_RULE_NESTED_CAPTURE='warn': "
         "accepted values are raise, log, off",

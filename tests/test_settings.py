@@ -180,6 +180,9 @@ def test_rule_variables_name_every_rule() -> None:
             "CGGUARD_RULE_CONCURRENT_CAPTURE": "concurrent_capture",
             "CGGUARD_RULE_SYNC_DURING_CAPTURE": "sync_during_capture",
             "CGGUARD_RULE_ABANDONED_CAPTURE": "abandoned_capture",
+            "CGGUARD_RULE_IMPLICIT_SYNC": "implicit_sync",
+            "CGGUARD_RULE_DEAD_INPUT": "dead_input",
+            "CGGUARD_RULE_RNG_DURING_CAPTURE": "rng_during_capture",
         },
         ("raise", "log", "off"),
     )
@@ -218,7 +221,8 @@ def test_misspelt_rule_variable_is_reported() -> None:
         "ignoring CGGUARD_RULE_BOGUS: no such rule; the rule variables are "
         "CGGUARD_RULE_CAPTURE_DISABLED, CGGUARD_RULE_NESTED_CAPTURE, "
         "CGGUARD_RULE_CONCURRENT_CAPTURE, CGGUARD_RULE_SYNC_DURING_CAPTURE, "
-        "CGGUARD_RULE_ABANDONED_CAPTURE"
+        "CGGUARD_RULE_ABANDONED_CAPTURE, CGGUARD_RULE_IMPLICIT_SYNC, CGGUARD_RULE_DEAD_INPUT, "
+        "CGGUARD_RULE_RNG_DURING_CAPTURE"
     ]
 
 
@@ -254,6 +258,8 @@ def test_runner_options_are_the_settings() -> None:
             "--window=pkg.runner:Runner.capture_model",
             "--window",
             "pkg:FLAG, pkg:var",
+            "--inspect",
+            "--inspect-first=2",
         ]
     )
     env = program_environ(options, {})
@@ -271,6 +277,8 @@ def test_runner_options_are_the_settings() -> None:
         "CGGUARD_EXEMPT": "capture_disabled=torch._inductor.;nested_capture=*/kernels.py",
         "CGGUARD_EXEMPT_FILE": os.path.abspath("e"),
         "CGGUARD_WINDOW": "pkg.runner:Runner.capture_model,pkg:FLAG,pkg:var",
+        "CGGUARD_INSPECT": "1",
+        "CGGUARD_INSPECT_FIRST": "2",
     }
     assert [s.field for s in _settings.SETTINGS.values()] == [
         "mode",
@@ -284,6 +292,8 @@ def test_runner_options_are_the_settings() -> None:
         "exempt",
         "exempt_file",
         "windows",
+        "inspect",
+        "inspect_first",
     ]
 
 
@@ -328,7 +338,8 @@ def test_unknown_variable_without_a_close_name_lists_the_variables() -> None:
             "ignoring CGGUARD_XYZZY: no such variable; the variables are CGGUARD_ENABLED, "
             "CGGUARD_MODE, CGGUARD_LOG_FORMAT, CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, "
             "CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, "
-            "CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, CGGUARD_RULE_<RULE>"
+            "CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, CGGUARD_INSPECT, "
+            "CGGUARD_INSPECT_FIRST, CGGUARD_RULE_<RULE>"
         ],
     )
     assert expected == _settings.read({"CGGUARD_XYZZY": "1"})
@@ -397,7 +408,7 @@ LONG = "x" * 10_000
             "the variables are CGGUARD_ENABLED, CGGUARD_MODE, CGGUARD_LOG_FORMAT, "
             "CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, CGGUARD_REPORT, CGGUARD_CAPTURE, "
             "CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, "
-            "CGGUARD_WINDOW, CGGUARD_RULE_<RULE>",
+            "CGGUARD_WINDOW, CGGUARD_INSPECT, CGGUARD_INSPECT_FIRST, CGGUARD_RULE_<RULE>",
         ),
     ],
 )
@@ -516,3 +527,23 @@ def test_exemptions_at_start_up_load_only_the_standard_library(tmp_path: Path) -
         "(*/vllm_plugin/kernels.py), module or module:qualname\n",
     )
     assert expected == (sorted(loaded - bare), stderr)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("1", 1), (" 67 ", 67), ("0", None), ("-3", None), ("²", None), ("two", None), ("1.5", None)],
+)
+def test_inspect_first_takes_a_whole_number_of_one_or_more(raw: str, expected: object) -> None:
+    """CGGUARD_INSPECT_FIRST is a count: 1 or more in ASCII digits; anything else is one
+    problem line naming the variable and what it accepts."""
+    values, _, problems = _settings.read({"CGGUARD_INSPECT_FIRST": raw})
+    if expected is None:
+        assert (values, problems) == (
+            {},
+            [
+                f"ignoring CGGUARD_INSPECT_FIRST={raw!r}: accepted values are a whole number, "
+                "1 or more"
+            ],
+        )
+    else:
+        assert (values, problems) == ({"inspect_first": expected}, [])

@@ -86,7 +86,11 @@ class Scene:
     """
 
     def __init__(
-        self, mode: str, device: str, launched: Callable[[Any], None] | None = None
+        self,
+        mode: str,
+        device: str,
+        launched: Callable[[Any], None] | None = None,
+        synced: Callable[[str], None] | None = None,
     ) -> None:
         import torch
 
@@ -95,6 +99,10 @@ class Scene:
         # Told of each kernel work() launches, where the runtime cannot see it (the simulation
         # sees no CPU tensor's work).
         self.launched = launched
+        # Told of each op that waits for the device (cgguard._sync_ops), just before it runs,
+        # where the runtime cannot see it: a CPU op waits for nothing, so the simulation is
+        # told, as cgguard's inspection tells it of an implicit synchronize it lets through.
+        self.synced = synced
         self.x: Any = self.torch.zeros(4, device=device)
         self.side: Any = self.torch.cuda.Stream()
         self.other: Any = self.torch.cuda.Stream()
@@ -129,6 +137,16 @@ class Scene:
             self.x.add_(1)
         if self.launched is not None:
             self.launched(stream)
+
+    def syncing(self, op: str, call: Callable[[], object]) -> Callable[[], object]:
+        """``call``, an op that waits for the device (``op``, its aten name)."""
+
+        def waits() -> object:
+            if self.synced is not None:
+                self.synced(op)
+            return call()
+
+        return waits
 
     def in_capture(self, call: Callable[[], object]) -> Callable[[], object]:
         """``call`` made with the capturing stream current, as inside ``torch.cuda.graph``."""
@@ -338,6 +356,69 @@ def _device_synchronize_other_thread(s: Scene) -> None:
     s.act(s.on_thread(s.torch.cuda.synchronize))
 
 
+# What inspection's rules rest on: an op that waits for the device fails during a capture as a
+# synchronize does (implicit_sync); torch refuses RNG calls during a capture, or lets some
+# through (rng_during_capture); a replay after an input was freed runs, silently
+# (dead_input). On the simulation the RNG scenarios are torch's CPU paths: the simulation does
+# not model CUDAGeneratorImpl, and the GPU run says what it does.
+
+
+def _item(s: Scene, *, other_stream: bool = False) -> None:
+    s.begin()
+    s.work()
+    call = s.syncing("aten::_local_scalar_dense", lambda: s.x.sum().item())
+    if other_stream:
+        s.act(s.in_capture(lambda: _on(s, s.other, call)))
+    else:
+        s.act(s.in_capture(call))
+
+
+def _on(s: Scene, stream: Any, call: Callable[[], object]) -> object:
+    with s.torch.cuda.stream(stream):
+        return call()
+
+
+def _nonzero(s: Scene) -> None:
+    s.begin()
+    s.work()
+    s.act(s.in_capture(s.syncing("aten::nonzero", s.x.nonzero)))
+
+
+def _unique(s: Scene) -> None:
+    s.begin()
+    s.work()
+    s.act(s.in_capture(s.syncing("aten::_unique2", lambda: s.torch.unique(s.x))))
+
+
+def _rng(s: Scene, call: str) -> None:
+    cuda = s.torch.cuda
+    # A generator state of the size torch's CUDAGeneratorImpl takes (its seed and offset, 16
+    # bytes): made here, so that no RNG call but the probed one is made.
+    state = s.torch.zeros(16, dtype=s.torch.uint8)
+    calls: dict[str, Callable[[], object]] = {
+        "manual_seed": lambda: cuda.manual_seed(1234),
+        "seed": cuda.seed,
+        "get_rng_state": cuda.get_rng_state,
+        "set_rng_state": lambda: cuda.set_rng_state(state),
+    }
+    s.begin()
+    s.work()
+    s.act(s.in_capture(calls[call]))
+
+
+def _replay_after_input_freed(s: Scene) -> None:
+    weight = s.x.clone()
+    out = s.x.clone()
+    s.begin()
+    with s.torch.cuda.stream(s.side):
+        out.copy_(weight * 2)
+    if s.launched is not None:
+        s.launched(s.side)
+    s.in_capture(s.graph.capture_end)()
+    del weight
+    s.act(s.graph.replay)
+
+
 SCENARIOS: dict[str, Callable[[Scene], None]] = {
     "device_synchronize": _device_synchronize,
     "capturing_stream_synchronize": _capturing_stream_synchronize,
@@ -378,11 +459,24 @@ SCENARIOS: dict[str, Callable[[Scene], None]] = {
         _captured_event_elsewhere, method="query", external=True
     ),
     "event_query_after_its_capture_ended": _captured_event_after_the_capture,
+    "item_during_capture": _item,
+    "item_on_other_stream_during_capture": functools.partial(_item, other_stream=True),
+    "nonzero_during_capture": _nonzero,
+    "unique_during_capture": _unique,
+    **{
+        f"{call}_during_capture": functools.partial(_rng, call=call)
+        for call in ("manual_seed", "seed", "get_rng_state", "set_rng_state")
+    },
+    "replay_after_input_freed": _replay_after_input_freed,
 }
 
 
 def run(
-    scenario: str, mode: str, device: str, launched: Callable[[Any], None] | None = None
+    scenario: str,
+    mode: str,
+    device: str,
+    launched: Callable[[Any], None] | None = None,
+    synced: Callable[[str], None] | None = None,
 ) -> dict[str, str]:
     """Run one scenario in this process: its outcome and its capture's fate.
 
@@ -394,7 +488,7 @@ def run(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            scene = Scene(mode, device, launched)
+            scene = Scene(mode, device, launched, synced)
         except Exception as exc:
             return {"outcome": f"setup failed: {error_key(exc)}", "capture": "none begun"}
         try:
@@ -417,7 +511,7 @@ def run_simulated(scenario: str, mode: str) -> dict[str, str]:
     with simulated_cuda(force=True) as simulation:
         # The scene tells the simulation of its kernels, so an empty capture warns as on a GPU.
         simulation.warn_empty_captures = True
-        return run(scenario, mode, "cpu", simulation.launch)
+        return run(scenario, mode, "cpu", simulation.launch, simulation.implicit_sync)
 
 
 def _cgguard_modules() -> list[str]:

@@ -10,6 +10,7 @@ import threading
 import warnings
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from cgguard import _inspect
 from cgguard._errors import CgguardError
 from cgguard._patchset import PatchSet
 
@@ -86,9 +87,9 @@ class Call(NamedTuple):
     ``capture_end (graph_id, ok)``, ``replay (graph_id,)``, ``reset (graph_id,)``,
     ``instantiate (graph_id,)``, ``enable_debug_mode (graph_id,)``,
     ``debug_dump (graph_id, path)``, ``stream_query (stream_id,)``, ``event_query (event_id,)``,
-    ``launch (stream_id,)``. Calls that then fail are recorded too. What torch answers without
-    calling CUDA is not: the synchronize or query of an event never recorded, whether the
-    current stream is capturing.
+    ``launch (stream_id,)``, ``implicit_sync (op,)``. Calls that then fail are recorded too.
+    What torch answers without calling CUDA is not: the synchronize or query of an event never
+    recorded, whether the current stream is capturing.
     """
 
     name: str
@@ -186,6 +187,21 @@ class SimulatedCuda:
     def _note(self, name: str, *args: object) -> None:
         with self._lock:
             self._note_locked(name, *args)
+
+    def implicit_sync(self, op: str) -> None:
+        """An op that waits for the device (cgguard._sync_ops) on a tensor that stands for a
+        device tensor, let through during a capture: fail it, as CUDA fails it.
+
+        On CUDA such an op ends in cudaStreamSynchronize on the current stream (or a
+        synchronous cudaMemcpy), which a capture prohibits: a global or thread_local capture of
+        this thread, any thread's global capture, and a capture on this very stream in every
+        mode (CUDA runtime API, cudaStreamCaptureMode). The CPU op the simulation runs instead
+        would succeed, so the inspection tells the simulation before it runs.
+        """
+        stream_id = self._current_stream_id()
+        with _live(self)._lock:
+            self._note_locked("implicit_sync", op)
+            self._forbid_unsafe_locked(also=self._capture_on_locked(stream_id))
 
     def launch(self, stream: Any = None) -> None:
         """A kernel launched on ``stream`` (the current stream by default): captured if it
@@ -906,11 +922,14 @@ def simulated_runtime(
         finally:
             rehook()
         _ACTIVE = sim
+        # CPU tensors stand for device tensors in the inspection's eyes while this is in place.
+        _inspect.simulation = sim
     try:
         yield sim
     finally:
         with _ACTIVATION_LOCK:
             _ACTIVE = None
+            _inspect.simulation = None
             unhook()
             try:
                 patches.restore()

@@ -1,0 +1,515 @@
+"""Inspection: each capture watched op by op, from its capture_begin to its capture_end, and each
+replay of a graph it made checked for inputs that died.
+
+A ``TorchDispatchMode`` is entered on the capturing thread just before torch's capture_begin
+and left once its capture_end has returned (or failed): it sees every aten op the capture's
+Python code dispatches, as torch's own ``check_input_liveness`` tracker does
+(torch/utils/_cuda_debug.py). A dispatch mode is thread-local, so another thread's ops are not
+seen; its Python-level synchronizes stay covered by sync_during_capture.
+
+- implicit_sync: an op of cgguard._sync_ops's table on a device tensor is reported before it
+  runs, and refused in raise mode, so the capture is not invalidated.
+- rng_during_capture: torch.cuda's seeding and RNG-state functions, wrapped while inspection
+  is on, are reported before torch refuses them.
+- dead_input: the capture's external inputs are held by weak references (cgguard._liveness);
+  a replay of a graph whose input was freed or moved is reported, and refused in raise mode.
+- a capture_end that fails because the capture was invalidated is told the first offending
+  call reported since that capture began, or that cgguard saw none.
+
+The mode says ``ignore_compile_internals()``: torch 2.13's dynamo runs a compiled function
+eagerly while any other dispatch mode is on the stack (torch/_dynamo/convert_frame.py,
+``any_torch_dispatch_mode_on_stack``), which would change what is captured. Compiled code
+stays compiled, and the mode does not see the ops inside it (docs/inspection.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from typing import TYPE_CHECKING, Any, cast
+
+from cgguard import _liveness, _state
+from cgguard._checks import BEGAN_AT, MODE, THREAD
+from cgguard._frames import innermost_visible, render, resolve, snapshot, where
+from cgguard._sync_ops import SYNC_OPS, syncs
+from cgguard._warn import warn_once
+from cgguard._watch import ENDED, FAILED, Watcher
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from cgguard._checks import Record
+    from cgguard._errors import CaptureViolation
+    from cgguard._frames import Snapshot
+    from cgguard._installation import Installation
+    from cgguard._schema import ViolationEvent
+    from cgguard._sync_ops import SyncOp
+
+# The simulated CUDA runtime while it is in place (cgguard.testing sets it): CPU tensors then
+# stand for device tensors, and an implicit synchronize let through fails as CUDA fails it.
+simulation: Any = None
+
+# Where a graph captured under inspection keeps its external inputs (cgguard._liveness.Inputs):
+# on the graph itself, so they go with it, and a replay finds them in one look-up.
+_INPUTS = "_cgguard_inputs"
+
+# torch.cuda's functions that seed the CUDA generator or read or set its state; torch's
+# CUDAGeneratorImpl refuses each during a capture (aten/src/ATen/cuda/CUDAGeneratorImpl.cpp,
+# at::cuda::assertNotCapturing). torch.manual_seed and torch.seed reach manual_seed_all and
+# seed_all through torch.cuda's attributes, looked up at each call (torch/random.py).
+RNG_FUNCTIONS = (
+    "manual_seed",
+    "manual_seed_all",
+    "seed",
+    "seed_all",
+    "get_rng_state",
+    "get_rng_state_all",
+    "set_rng_state",
+    "set_rng_state_all",
+)
+
+# What CUDA says of a capture that a prohibited call broke: cudaErrorStreamCaptureInvalidated
+# and cudaErrorStreamCaptureUnsupported (cudaGetErrorString).
+_BROKEN = (
+    "operation failed due to a previous error during capture",
+    "operation not permitted when stream is capturing",
+    "invalidated",
+)
+NONE_SEEN = (
+    "no offending call seen by cgguard: a C++ extension, another thread, or a kernel "
+    "launched outside torch's dispatcher"
+)
+
+_local = threading.local()  # .watches: this thread's inspected captures, innermost last
+
+
+def _watches() -> list[Watch]:
+    watches: list[Watch] | None = getattr(_local, "watches", None)
+    if watches is None:
+        watches = _local.watches = []
+    return watches
+
+
+class Watch:
+    """One inspected capture: its dispatch mode, its inputs, and the first offending call."""
+
+    def __init__(self, inspector: Inspector, graph: Any, record: Record, *, live: bool) -> None:
+        self.inspector = inspector
+        self.graph = graph
+        self.record = record
+        self.on = True  # False once the capture is over: a mode left on a stack only forwards
+        # None where torch's own check_input_liveness tracks this capture's inputs.
+        self.inputs = _liveness.Inputs(record) if live else None
+        self.offender: ViolationEvent | None = None  # the first call reported and let through
+        self.ident = threading.get_ident()
+        self.mode: Any = None
+        # What stands for a device tensor: any tensor on the simulation, a CUDA tensor on CUDA.
+        self.every_tensor = simulation is not None
+        self.on_device: Callable[[Any], bool] = _any_tensor if simulation else _is_cuda
+
+    def enter(self) -> None:
+        self.mode = _mode_type()(self)
+        self.mode.__enter__()
+        _watches().append(self)
+        _listen(self, opened=True)
+
+    def leave(self) -> None:
+        """Take the mode off this thread's stack; on another thread, only silence it."""
+        self.on = False
+        _listen(self, opened=False)
+        watches = _watches()
+        if self in watches:
+            watches.remove(self)
+        if self.ident != threading.get_ident() or self.mode is None:
+            return
+        _pop_mode(self.mode)
+
+    # The dispatch mode's work, each op.
+
+    def synchronizing(self, op: SyncOp, func: Any, args: tuple[Any, ...], kwargs: Any) -> None:
+        """Report ``op`` if this call synchronizes; raise the refusal, or fail as CUDA does."""
+        name = str(func._schema.name)
+        try:
+            if not syncs(op, args, kwargs, self.on_device):
+                return
+            # A relaxed capture lets the thread synchronize streams that do not capture.
+            if self.record[MODE] == "relaxed" and not self.inspector.probe_capturing():
+                return
+            error = self.inspector.violated("implicit_sync", self.record, name, why=op.wrote)
+        except Exception as exc:
+            warn_once(
+                "inspect:sync", f"internal error while inspecting an op, not checked: {exc!r}"
+            )
+            return
+        if error is not None:
+            raise error
+        sim = simulation
+        if sim is not None:
+            # Let through: CUDA would fail the op and invalidate the capture; so does the
+            # simulation, since the CPU op it runs would succeed.
+            sim.implicit_sync(name)
+
+
+def _any_tensor(value: Any) -> bool:
+    return True
+
+
+def _is_cuda(value: Any) -> bool:
+    return bool(value.is_cuda)
+
+
+@functools.cache
+def _mode_type() -> type:
+    """The dispatch mode's class, made once torch is imported (cgguard never imports it)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    tensor = torch.Tensor
+    unknown = object()
+    # Each op's table entry, found once per OpOverload: then one dictionary look-up per op.
+    known: dict[Any, SyncOp | None] = {}
+
+    class InspectionMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's
+        """Forwards every op; tells its capture's Watch before and after."""
+
+        supports_higher_order_operators = True
+
+        def __init__(self, watch: Watch) -> None:
+            super().__init__()  # type: ignore[no-untyped-call]  # torch's own, untyped
+            self.watch = watch
+
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            # Compiled code runs compiled under this mode (torch 2.13 and later; earlier
+            # releases never ask): see the module's docstring.
+            return True
+
+        def __torch_dispatch__(  # noqa: PLR0912 - the hot path, inlined on purpose
+            self,
+            func: Any,
+            types: Any,
+            args: tuple[Any, ...] = (),
+            kwargs: Mapping[str, Any] | None = None,
+        ) -> Any:
+            # The hot path of every op inside an inspected capture: inlined, no calls but
+            # torch's, one look-up per op and per tensor already seen.
+            watch = self.watch
+            if kwargs is None:
+                kwargs = {}
+            if not watch.on:
+                return func(*args, **kwargs)
+            op = known.get(func, unknown)
+            if op is not None:
+                if op is unknown:
+                    op = known[func] = _entry(func)
+                if op is not None:
+                    watch.synchronizing(op, func, args, kwargs)  # type: ignore[arg-type]
+            inputs = watch.inputs
+            if inputs is None:
+                return func(*args, **kwargs)
+            every, seen = watch.every_tensor, inputs.seen
+            try:
+                for arg in args:
+                    if isinstance(arg, tensor):
+                        if every or arg.is_cuda:
+                            storage = arg.untyped_storage()
+                            address = storage.data_ptr()
+                            if address and address not in seen:
+                                inputs.read(storage, address, arg)
+                    elif type(arg) is list or type(arg) is tuple:
+                        for item in arg:
+                            if isinstance(item, tensor) and (every or item.is_cuda):
+                                storage = item.untyped_storage()
+                                address = storage.data_ptr()
+                                if address and address not in seen:
+                                    inputs.read(storage, address, item)
+            except Exception as exc:
+                warn_once("inspect:read", f"internal error while inspecting an op: {exc!r}")
+            out = func(*args, **kwargs)
+            try:
+                if isinstance(out, tensor):
+                    if every or out.is_cuda:
+                        address = out.untyped_storage().data_ptr()
+                        if address and address not in seen:
+                            seen[address] = None  # the capture's own allocation
+                elif type(out) is tuple or type(out) is list:
+                    for value in out:
+                        if isinstance(value, tensor) and (every or value.is_cuda):
+                            address = value.untyped_storage().data_ptr()
+                            if address and address not in seen:
+                                seen[address] = None
+            except Exception as exc:
+                warn_once("inspect:made", f"internal error while inspecting an op: {exc!r}")
+            return out
+
+    return InspectionMode
+
+
+def _entry(func: Any) -> SyncOp | None:
+    try:
+        return SYNC_OPS.get(str(func._schema.name))
+    except Exception:
+        return None
+
+
+def _pop_mode(mode: Any) -> None:
+    """Take ``mode`` off this thread's dispatch-mode stack, wherever it is on it.
+
+    Usually it is on top, and torch's own ``__exit__`` takes it off. A mode the program entered
+    inside the capture and left open past its capture_end is above it: those are taken off,
+    and put back in order, once it is gone.
+    """
+    try:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+        leaving: Any = mode
+        if _get_current_dispatch_mode() is mode:
+            leaving.__exit__(None, None, None)
+            return
+        from torch._C import _len_torch_dispatch_stack, _pop_torch_dispatch_stack
+        from torch.utils._python_dispatch import _push_mode
+
+        above = []
+        for _ in range(_len_torch_dispatch_stack()):
+            if _get_current_dispatch_mode() is mode:
+                leaving.__exit__(None, None, None)
+                break
+            above.append(_pop_torch_dispatch_stack(None))
+        # Put back, found or not (a forked child's stack may not hold it).
+        for other in reversed(above):
+            _push_mode(other)
+    except Exception as exc:
+        warn_once("inspect:leave", f"internal error while ending an inspection: {exc!r}")
+
+
+class Inspector(Watcher):
+    """The watcher of every capture while inspection is on (``Config(inspect=True)``)."""
+
+    wants_replays = True
+
+    def __init__(self, installation: Installation, first: int | None = None) -> None:
+        self.installation = installation
+        self.first = first  # inspect only the first N captures of each site; None: all
+        self.sites: dict[int, tuple[object, int]] = {}  # id(code) -> (code, captures seen)
+
+    # The capture path's calls (cgguard._watch).
+
+    def opening(self, graph: Any, record: Record, args: tuple[Any, ...], kwargs: Any) -> Any:
+        vars(graph).pop(_INPUTS, None)  # what an earlier capture into this graph read
+        if self.first is not None and not self._counts(record):
+            return None
+        watch = Watch(self, graph, record, live=not _torch_tracks(args, kwargs))
+        watch.enter()
+        return watch
+
+    def closed(self, token: Any, outcome: str, error: BaseException | None) -> None:
+        if not isinstance(token, Watch):
+            return
+        token.leave()
+        if outcome == ENDED and token.inputs is not None:
+            inputs = token.inputs
+            # The record with its begin stack walked now: a live frame moves on once the
+            # capture's with statement ends, and a replay may report it much later.
+            record = token.record
+            began = resolve(record[BEGAN_AT])
+            inputs.record = cast("Record", (*record[:BEGAN_AT], began, *record[BEGAN_AT + 1 :]))
+            vars(token.graph)[_INPUTS] = inputs
+        elif outcome == FAILED and error is not None and _broken(error):
+            self._what_broke(token, error)
+
+    def replaying(self, graph: Any) -> None:
+        inputs = graph.__dict__.get(_INPUTS)
+        if inputs is None or inputs.healthy:  # the one test a healthy graph's replay costs
+            return
+        self._check_replay(graph, inputs)
+
+    def after_fork(self) -> None:
+        global _open_lock
+        for watch in _watches():
+            watch.on = False
+        _local.watches = []
+        # Another thread may have held the lock at the fork; its captures are not the child's.
+        _open_lock = threading.Lock()
+        _open.clear()
+        if _offended in _state.LISTENERS:
+            _state.LISTENERS.remove(_offended)
+
+    def hooks(self) -> list[tuple[Any, str, Callable[[Any], Any]]]:
+        """torch.cuda's RNG functions, wrapped while inspection is on."""
+        owners = [sys.modules.get("torch.cuda"), sys.modules.get("torch.cuda.random")]
+        return [
+            (owner, name, functools.partial(self._rng_hook, f"torch.cuda.{name}"))
+            for owner in owners
+            if owner is not None
+            for name in RNG_FUNCTIONS
+            if callable(vars(owner).get(name))
+        ]
+
+    # Reporting.
+
+    def violated(
+        self,
+        rule: str,
+        record: Record,
+        api: str,
+        *,
+        why: str = "",
+        more: Mapping[str, Snapshot | None] | None = None,
+    ) -> CaptureViolation | None:
+        stack = snapshot(3)
+        reporter = self.installation.reporter  # read once: a reconfiguration swaps it whole
+        return reporter.violated([(rule, record)], api, stack, refuse=True, why=why, more=more)
+
+    def probe_capturing(self) -> bool:
+        tracker = self.installation.tracker
+        try:
+            return tracker is None or tracker.probes.is_capturing()
+        except Exception:
+            return True
+
+    def _counts(self, record: Record) -> bool:
+        """Whether this capture is among the first ``first`` of its site."""
+        try:
+            code, _ = innermost_visible(resolve(record[BEGAN_AT]))
+        except Exception:
+            return True
+        key = id(code)
+        seen = self.sites.get(key)
+        count = 1 if seen is None or seen[0] is not code else seen[1] + 1
+        self.sites[key] = (code, count)  # the code kept: its id is not reused meanwhile
+        return count <= (self.first or 0)
+
+    def _rng_hook(self, api: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def rng(*args: Any, **kwargs: Any) -> Any:
+            watches = getattr(_local, "watches", None)
+            if watches:  # nothing inspected captures on this thread: one test
+                watch = watches[-1]
+                try:
+                    error = watch.inspector.violated("rng_during_capture", watch.record, api)
+                except Exception as exc:
+                    warn_once("inspect:rng", f"internal error while inspecting a call: {exc!r}")
+                    error = None
+                if error is not None:
+                    raise error
+            return original(*args, **kwargs)
+
+        return rng
+
+    def _check_replay(self, graph: Any, inputs: _liveness.Inputs) -> None:
+        try:
+            dead = [(i, how) for i, how in inputs.dead() if not _in_pool(graph, i, how)]
+            if not dead:
+                inputs.healthy = True
+                return
+            item, how = dead[0]
+            if how == "freed":
+                why = (
+                    f"was freed at {{freed_stack}} ({item.described}, first read by the "
+                    f"capture at {{read_stack}})"
+                )
+            else:
+                why = (
+                    f"now has another address, its storage resized or replaced ({item.described}, "
+                    f"first read by the capture at {{read_stack}})"
+                )
+            more = {"read_stack": item.read_at, "freed_stack": item.freed_at}
+            error = self.violated(
+                "dead_input", inputs.record, "CUDAGraph.replay", why=why, more=more
+            )
+        except Exception as exc:
+            warn_once("inspect:replay", f"internal error while checking a replay: {exc!r}")
+            return
+        if error is not None:
+            raise error
+
+    def _what_broke(self, watch: Watch, error: BaseException) -> None:
+        """Say which call broke the capture whose capture_end failed with ``error``."""
+        try:
+            began = where(render(resolve(watch.record[BEGAN_AT])))
+            offender = watch.offender
+            if offender is not None:
+                said = f"first offending call seen by cgguard: {offender['message']}"
+            else:
+                said = NONE_SEEN
+            line = f"the capture begun at {began} failed at capture_end ({error}); {said}"
+            warn_once(f"inspect:broke:{id(watch)}", line)
+            add_note = getattr(error, "add_note", None)  # Python 3.11 and later
+            if add_note is not None:
+                add_note(f"cgguard: {said}")
+        except Exception as exc:
+            warn_once("inspect:broke", f"internal error while explaining a capture: {exc!r}")
+
+
+def _torch_tracks(args: tuple[Any, ...], kwargs: Any) -> bool:
+    """Whether the caller passed torch's own check_input_liveness (torch 2.13 and later): its
+    tracker reports dead inputs at replay, and cgguard leaves them to it, not to tell twice."""
+    # capture_begin(pool=None, capture_error_mode="global", check_input_liveness=False)
+    if isinstance(kwargs, dict) and "check_input_liveness" in kwargs:
+        return bool(kwargs["check_input_liveness"])
+    return len(args) > 2 and bool(args[2])
+
+
+def _broken(error: BaseException) -> bool:
+    text = str(error)
+    return any(words in text for words in _BROKEN)
+
+
+def _in_pool(graph: Any, item: _liveness.Input, how: str) -> bool:
+    """Whether a freed input's memory was the graph's own: an allocation its capture made
+    below the dispatcher (inside compiled code, say), which the pool keeps for replays.
+
+    Asked of the caching allocator on CUDA only, on the slow path; a block found is forgotten.
+    """
+    if how != "freed" or simulation is not None:
+        return False
+    try:
+        import torch
+
+        pool = tuple(graph.pool())
+        for segment in torch.cuda.memory_snapshot():  # type: ignore[no-untyped-call]
+            start = segment["address"]
+            if (
+                tuple(segment.get("segment_pool_id", ())) == pool
+                and start <= item.address < start + segment["total_size"]
+            ):
+                item.inputs.forget(item)
+                return True
+    except Exception:
+        return False
+    return False
+
+
+# Inspected captures open on any thread: the listener below is subscribed while there are any.
+_open: list[Watch] = []
+_open_lock = threading.Lock()
+
+
+def _listen(watch: Watch, *, opened: bool) -> None:
+    """Note the first violation let through on a thread during its inspected capture, for a
+    capture_end that fails: one listener for the process, called on the violating thread, and
+    subscribed only while an inspected capture is open."""
+    with _open_lock:
+        if opened:
+            _open.append(watch)
+        elif watch in _open:
+            _open.remove(watch)
+        listening = _offended in _state.LISTENERS
+        if _open and not listening:
+            _state.LISTENERS.append(_offended)
+        elif not _open and listening:
+            _state.LISTENERS.remove(_offended)
+
+
+def _offended(event: ViolationEvent) -> None:
+    watches = getattr(_local, "watches", None)
+    if not watches or event.get("action") != "logged":
+        return
+    for watch in watches:
+        if watch.on and watch.offender is None and _thread_of(watch) == event.get("thread_id"):
+            watch.offender = event
+
+
+def _thread_of(watch: Watch) -> int | None:
+    return watch.record[THREAD].ident

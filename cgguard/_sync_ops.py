@@ -1,0 +1,181 @@
+"""Which aten operators synchronize the device or its stream: one table, each entry citing the
+torch source that makes it wait for the GPU.
+
+An op in this table, called on a device tensor by a thread whose capture prohibits it, makes a
+synchronous CUDA call (``cudaMemcpy`` without ``Async``, ``cudaStreamSynchronize`` through
+``at::cuda::memcpy_and_sync`` or ``at::cuda::stream_synchronize``): CUDA fails it during a
+capture ("operation not permitted when stream is capturing") and invalidates the capture. Any
+op not in the table passes untouched. The table knows nothing of torch: each entry's ``when``
+is a plain predicate over the op's arguments, given what stands for a device tensor.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    # Whether a value is a tensor that stands for a device tensor.
+    OnDevice = Callable[[Any], bool]
+
+
+class SyncOp(NamedTuple):
+    """One synchronizing operator: what users write to reach it, and why it synchronizes."""
+
+    wrote: str  # what the user's code says, in the user's words
+    source: str  # the torch source that makes it synchronize
+    # Whether a call with these (args, kwargs) synchronizes; None: any call on a device tensor.
+    when: Callable[[tuple[Any, ...], Mapping[str, Any], OnDevice], bool] | None = None
+
+
+def _on_device(args: tuple[Any, ...], on_device: OnDevice) -> bool:
+    return any(on_device(a) for a in args)
+
+
+def _bool_index(args: tuple[Any, ...], kwargs: Mapping[str, Any], on_device: OnDevice) -> bool:
+    # index.Tensor(self, indices) / index_put(self, indices, values, accumulate): a bool or
+    # uint8 index is turned into positions by nonzero() before indexing.
+    indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+    return on_device(args[0]) and any(
+        index is not None and str(getattr(index, "dtype", "")) in ("torch.bool", "torch.uint8")
+        for index in indices or ()
+    )
+
+
+def _no_output_size(args: tuple[Any, ...], kwargs: Mapping[str, Any], on_device: OnDevice) -> bool:
+    # repeat_interleave.Tensor(repeats, *, output_size=None)
+    return kwargs.get("output_size") is None and _on_device(args[:1], on_device)
+
+
+def _to_host(args: tuple[Any, ...], kwargs: Mapping[str, Any], on_device: OnDevice) -> bool:
+    # _to_copy(self, *, dtype, layout, device, pin_memory, non_blocking, memory_format): a copy
+    # of a device tensor to the host (x.cpu(), x.to("cpu"), x.tolist()).
+    device = kwargs.get("device")
+    return on_device(args[0]) and device is not None and str(device).startswith("cpu")
+
+
+def _blocking_copy(args: tuple[Any, ...], kwargs: Mapping[str, Any], on_device: OnDevice) -> bool:
+    # copy_(self, src, non_blocking=False): between host and device, a blocking copy waits for
+    # the stream; a copy into pageable host memory waits whatever non_blocking says.
+    if len(args) < 2:
+        return False
+    dst, src = args[0], args[1]
+    non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+    dst_device, src_device = on_device(dst), on_device(src)
+    if dst_device == src_device:
+        return False  # device to device (or host to host): no host wait
+    if not non_blocking:
+        return True
+    return not dst_device and not _pinned(dst)
+
+
+def _pinned(tensor: Any) -> bool:
+    try:
+        return bool(tensor.is_pinned())
+    except Exception:
+        return False
+
+
+_MEMCPY_AND_SYNC = "at::cuda::memcpy_and_sync (c10/cuda/CUDAFunctions.h)"
+
+# By the op's schema name, as a TorchDispatchMode sees it (OpOverload._schema.name).
+SYNC_OPS: dict[str, SyncOp] = {
+    "aten::_local_scalar_dense": SyncOp(
+        ".item(), bool(), int() or float() of a device tensor",
+        "aten/src/ATen/native/cuda/CUDAScalar.cu: _local_scalar_dense_cuda copies the value to "
+        f"the host through {_MEMCPY_AND_SYNC}",
+    ),
+    "aten::nonzero": SyncOp(
+        "torch.nonzero(), x.nonzero(), torch.where(cond) or torch.argwhere()",
+        "aten/src/ATen/native/cuda/Nonzero.cu: nonzero_out_cuda copies the number of nonzero "
+        "elements to the host and synchronizes the stream to size its output",
+    ),
+    "aten::masked_select": SyncOp(
+        "torch.masked_select() or x.masked_select(mask)",
+        "aten/src/ATen/native/cuda/IndexKernel.cu: masked_select sizes its output from the "
+        "mask's nonzero count, read on the host",
+    ),
+    "aten::index": SyncOp(
+        "x[mask], indexing with a boolean mask",
+        "aten/src/ATen/native/IndexingUtils.h: expandTensors turns a bool or uint8 index into "
+        "positions with nonzero(), which reads its count on the host",
+        _bool_index,
+    ),
+    "aten::index_put_": SyncOp(
+        "x[mask] = value, assigning through a boolean mask",
+        "aten/src/ATen/native/IndexingUtils.h: expandTensors turns a bool or uint8 index into "
+        "positions with nonzero(), which reads its count on the host",
+        _bool_index,
+    ),
+    "aten::index_put": SyncOp(
+        "x.index_put(indices, value) with a boolean mask",
+        "aten/src/ATen/native/IndexingUtils.h: expandTensors turns a bool or uint8 index into "
+        "positions with nonzero(), which reads its count on the host",
+        _bool_index,
+    ),
+    "aten::_unique2": SyncOp(
+        "torch.unique() or x.unique()",
+        "aten/src/ATen/native/cuda/Unique.cu: the number of unique elements is copied to the "
+        "host to size the output",
+    ),
+    "aten::_unique": SyncOp(
+        "torch.unique() or x.unique()",
+        "aten/src/ATen/native/cuda/Unique.cu: the number of unique elements is copied to the "
+        "host to size the output",
+    ),
+    "aten::unique_dim": SyncOp(
+        "torch.unique(x, dim=...)",
+        "aten/src/ATen/native/cuda/Unique.cu: the number of unique slices is copied to the host "
+        "to size the output",
+    ),
+    "aten::unique_consecutive": SyncOp(
+        "torch.unique_consecutive()",
+        "aten/src/ATen/native/cuda/Unique.cu: the number of runs is copied to the host to size "
+        "the output",
+    ),
+    "aten::unique_dim_consecutive": SyncOp(
+        "torch.unique_consecutive(x, dim=...)",
+        "aten/src/ATen/native/cuda/Unique.cu: the number of runs is copied to the host to size "
+        "the output",
+    ),
+    "aten::repeat_interleave": SyncOp(
+        "torch.repeat_interleave(x, repeats) with a tensor of repeats and no output_size",
+        "aten/src/ATen/native/Repeat.cpp: repeat_interleave_cpu/cuda read repeats.sum() on "
+        "the host when output_size is not given",
+        _no_output_size,
+    ),
+    "aten::bincount": SyncOp(
+        "torch.bincount()",
+        "aten/src/ATen/native/cuda/SummaryOps.cu: _bincount_cuda sizes its output from "
+        "self.max(), read on the host, whatever minlength says",
+    ),
+    "aten::equal": SyncOp(
+        "torch.equal()",
+        "aten/src/ATen/native/cuda/Equal.cpp: cuda_equal returns eq(self, other).all().item()",
+    ),
+    "aten::_to_copy": SyncOp(
+        "x.cpu(), x.to('cpu'), x.tolist() or x.numpy() of a device tensor",
+        "aten/src/ATen/native/cuda/Copy.cu: copy_kernel_cuda ends a blocking copy with "
+        "at::cuda::stream_synchronize, and a copy into pageable host memory is synchronous in "
+        "CUDA itself (CUDA Runtime API, API synchronization behavior)",
+        _to_host,
+    ),
+    "aten::copy_": SyncOp(
+        "dst.copy_(src) between host and device with non_blocking=False, or into pageable "
+        "host memory",
+        "aten/src/ATen/native/cuda/Copy.cu: copy_kernel_cuda ends a blocking copy with "
+        "at::cuda::stream_synchronize, and a copy into pageable host memory is synchronous in "
+        "CUDA itself (CUDA Runtime API, API synchronization behavior)",
+        _blocking_copy,
+    ),
+}
+
+
+def syncs(
+    op: SyncOp, args: tuple[Any, ...], kwargs: Mapping[str, Any], on_device: OnDevice
+) -> bool:
+    """Whether this call of ``op`` synchronizes: it reaches the device and its condition holds."""
+    if op.when is None:
+        return _on_device(args, on_device)
+    return op.when(args, kwargs, on_device)

@@ -1,0 +1,629 @@
+"""Inspection (cgguard._inspect): implicit synchronizes refused before they run, dead inputs
+refused at replay, RNG calls during a capture, and what broke a capture that failed."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import cgguard
+from cgguard import _inspect, _liveness
+from cgguard.testing import capture_violations, simulated_cuda
+from cgguard.testing._simcuda import SimulatedCudaError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from conftest import Runtime
+
+    from cgguard._schema import ViolationEvent
+
+HERE = __file__
+REPLAY_HOOK = "torch.cuda.graphs.CUDAGraph.replay"
+
+
+def line_of(marker: str) -> int:
+    """The line of this file that holds ``marker`` in a comment: expectations written apart
+    from what cgguard reports."""
+    with open(HERE, encoding="utf-8") as source:
+        for number, text in enumerate(source, 1):
+            if text.rstrip().endswith(f"# {marker}"):
+                return number
+    raise AssertionError(marker)
+
+
+def lines(frames: Any) -> list[int]:
+    return [frame["line"] for frame in frames if frame["file"] == HERE]
+
+
+def innermost(frames: Any) -> int:
+    return lines(frames)[-1]
+
+
+@pytest.fixture
+def inspected(runtime: Runtime) -> Runtime:
+    """cgguard installed with inspection on, in raise mode, on each runtime."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    return runtime
+
+
+@pytest.fixture
+def sim() -> Iterator[Any]:
+    with simulated_cuda() as runtime:
+        yield runtime
+
+
+def tensor(runtime: Runtime, n: int = 5) -> torch.Tensor:
+    return torch.arange(float(n), device=runtime.device)
+
+
+def capture_end_calls(sim: Any) -> list[tuple[object, ...]]:
+    return [call.args for call in sim.calls if call.name == "capture_end"]
+
+
+# implicit_sync
+
+
+def test_item_is_refused_before_it_runs_and_the_capture_ends_cleanly(inspected: Runtime) -> None:
+    """`.item()` inside an inspected capture raises ImplicitSyncError naming the op, what the
+    user wrote, the user's line and the capture's begin; the capture then ends unbroken."""
+    x = tensor(inspected)
+    graph = torch.cuda.CUDAGraph()
+    with capture_violations() as events:
+        with torch.cuda.graph(graph):  # capture-began
+            y = x * 2
+            with pytest.raises(cgguard.ImplicitSyncError) as refused:
+                y.sum().item()  # item-called
+        graph.replay()
+    event = refused.value.event
+    assert (event["rule"], event["action"], event["api"]) == (
+        "implicit_sync",
+        "raised",
+        "aten::_local_scalar_dense",
+    )
+    assert ".item(), bool(), int() or float()" in event["message"]
+    assert innermost(event["stack"]) == line_of("item-called")
+    assert innermost(event["capture_stack"]) == line_of("capture-began")
+    assert [e["rule"] for e in events] == ["implicit_sync"]
+    if inspected.simulation is not None:
+        # Never reached the simulated device; the capture ended successfully.
+        assert not any(c.name == "implicit_sync" for c in inspected.simulation.calls)
+        assert capture_end_calls(inspected.simulation) == [(1, True)]
+
+
+@pytest.mark.parametrize(
+    ("call", "api"),
+    [
+        (lambda x: bool(x.sum() > 0), "aten::_local_scalar_dense"),
+        (lambda x: int(x[0]), "aten::_local_scalar_dense"),
+        (torch.Tensor.nonzero, "aten::nonzero"),
+        (torch.unique, "aten::_unique2"),
+        (lambda x: x[x > 1], "aten::index"),
+        (lambda x: torch.masked_select(x, x > 1), "aten::masked_select"),
+        (lambda x: torch.repeat_interleave(x, x.long()), "aten::repeat_interleave"),
+    ],
+    ids=["bool", "int", "nonzero", "unique", "bool-mask", "masked_select", "repeat_interleave"],
+)
+@pytest.mark.simulated
+def test_each_syncing_op_is_refused_on_the_simulation(sim: Any, call: Any, api: str) -> None:
+    """Each op the table names, called on a CPU tensor inside a simulated capture, is refused
+    under its own aten name."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    x = torch.arange(5.0)
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        with pytest.raises(cgguard.ImplicitSyncError) as refused:
+            call(x)
+    assert refused.value.event["api"] == api
+    assert capture_end_calls(sim) == [(1, True)]
+
+
+@pytest.mark.simulated
+def test_ops_that_do_not_synchronize_pass_untouched(sim: Any) -> None:
+    """Arithmetic, integer indexing, and repeat_interleave given its output_size are not
+    implicit synchronizes: nothing is reported, and the results are the eager ones."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    x = torch.arange(5.0)
+    with capture_violations() as events, torch.cuda.graph(torch.cuda.CUDAGraph()):
+        y = (x * 3 + 1)[torch.tensor([0, 2])]
+        z = torch.repeat_interleave(torch.tensor([1.0, 2.0]), torch.tensor([1, 2]), output_size=3)
+    assert (events, y.tolist(), z.tolist()) == ([], [1.0, 7.0], [1.0, 2.0, 2.0])
+
+
+@pytest.mark.simulated
+def test_in_log_mode_a_sync_let_through_breaks_the_capture_which_names_it(
+    sim: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Log mode reports `.item()` and lets it go on: the simulation fails it as CUDA does, the
+    capture_end then fails, and the failure names the offending call."""
+    cgguard.install(cgguard.Config(inspect=True, mode="log", log_file="/dev/null"))
+    x = torch.arange(5.0)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="previous error during capture") as failed:
+        with torch.cuda.graph(graph):  # broken-capture
+            with pytest.raises(SimulatedCudaError, match="operation not permitted"):
+                x.sum().item()  # offender
+    err = capsys.readouterr().err
+    began = f"{HERE}:{line_of('broken-capture')}"
+    offender = f"{HERE}:{line_of('offender')}"
+    assert f"the capture begun at {began} (in " in err
+    assert "first offending call seen by cgguard: Implicit synchronize" in err
+    assert offender in err
+    assert capture_end_calls(sim) == [(1, False)]
+    if sys.version_info >= (3, 11):
+        notes = failed.value.__notes__
+        assert len(notes) == 1
+        assert offender in notes[0]
+
+
+@pytest.mark.simulated
+def test_a_broken_capture_with_no_offender_seen_says_so(
+    sim: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A capture broken behind cgguard's back (a call the dispatcher never saw) fails at
+    capture_end with cgguard's word that it saw no offending call."""
+    cgguard.install(cgguard.Config(inspect=True, mode="log", log_file="/dev/null"))
+    with pytest.raises(RuntimeError, match="previous error during capture"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            with pytest.raises(SimulatedCudaError):
+                sim.implicit_sync("a C++ extension's own cudaMemcpy")
+    assert _inspect.NONE_SEEN in capsys.readouterr().err
+
+
+# dead_input
+
+
+def test_a_dead_input_is_refused_at_replay_with_the_stacks_it_knows(inspected: Runtime) -> None:
+    """A tensor made before the capture, read in it, then freed: replay() raises DeadInputError
+    with where the capture first read it, where the capture began, the replay's line and where
+    it was freed; the replay does not run."""
+    weight = tensor(inspected)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # dead-capture
+        out = weight * 2  # first-read
+    graph.replay()  # healthy: nothing to say
+    del weight  # freed-here
+    gc.collect()
+    replays = _replays(inspected)
+    with pytest.raises(cgguard.DeadInputError) as refused:
+        graph.replay()  # dead-replay
+    event = refused.value.event
+    assert (event["rule"], event["api"]) == ("dead_input", "CUDAGraph.replay")
+    assert innermost(event["stack"]) == line_of("dead-replay")
+    assert innermost(event["capture_stack"]) == line_of("dead-capture")
+    assert innermost(event["read_stack"]) == line_of("first-read")
+    assert innermost(event["freed_stack"]) == line_of("freed-here")
+    assert "a float32 tensor of shape (5,)" in event["message"]
+    assert _replays(inspected) == replays
+    del out
+
+
+def test_the_graphs_own_allocations_are_not_inputs(inspected: Runtime) -> None:
+    """Tensors the capture itself made and let go are the graph's: its replays say nothing."""
+    x = tensor(inspected)
+    graph = torch.cuda.CUDAGraph()
+    with capture_violations() as events:
+        with torch.cuda.graph(graph):
+            temporary = x * 2
+            out = temporary + 1
+            del temporary
+        gc.collect()
+        graph.replay()
+        graph.replay()
+    assert events == []
+    del out
+
+
+@pytest.mark.simulated
+def test_in_log_mode_a_dead_input_is_reported_and_the_replay_runs(sim: Any) -> None:
+    """Log mode: every replay of a graph with a dead input is reported, and runs."""
+    cgguard.install(cgguard.Config(inspect=True, mode="log", log_file="/dev/null"))
+    x = torch.arange(3.0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        x.add_(1)
+    del x
+    with capture_violations() as events:
+        graph.replay()
+        graph.replay()
+    assert [(e["rule"], e["action"]) for e in events] == [("dead_input", "logged")] * 2
+    assert [c.name for c in sim.calls].count("replay") == 2
+
+
+@pytest.mark.simulated
+def test_a_storage_resized_after_the_capture_is_found_at_the_first_replay(sim: Any) -> None:
+    """A storage resized to nothing (as FSDP frees a parameter) lives on at another address:
+    found by the first replay's one walk, its freeing place unknown."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    x = torch.arange(3.0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = x * 2
+    x.untyped_storage().resize_(0)
+    with pytest.raises(cgguard.DeadInputError) as refused:
+        graph.replay()
+    assert refused.value.event["freed_stack"] is None
+    assert "now has another address" in refused.value.event["message"]
+    del y
+
+
+def _replays(runtime: Runtime) -> int:
+    if runtime.simulation is None:
+        return 0
+    return [c.name for c in runtime.simulation.calls].count("replay")
+
+
+# rng_during_capture
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: torch.manual_seed(0),
+        lambda: torch.cuda.manual_seed(0),
+        lambda: torch.cuda.manual_seed_all(0),
+        # Looked up at the call: cgguard wraps them after collection.
+        lambda: torch.cuda.seed(),  # noqa: PLW0108
+        lambda: torch.cuda.seed_all(),  # noqa: PLW0108
+        lambda: torch.cuda.get_rng_state(),  # noqa: PLW0108
+        lambda: torch.cuda.set_rng_state(torch.zeros(16, dtype=torch.uint8)),
+    ],
+    ids=["torch.manual_seed", "manual_seed", "manual_seed_all", "seed", "seed_all", "get", "set"],
+)
+def test_an_rng_call_during_a_capture_names_the_capture(inspected: Runtime, call: Any) -> None:
+    """Each of torch.cuda's seeding and RNG-state functions, called during an inspected capture,
+    is refused before torch sees it, naming where the capture began."""
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):  # rng-capture
+        with pytest.raises(cgguard.RngDuringCaptureError) as refused:
+            call()
+    event = refused.value.event
+    assert event["rule"] == "rng_during_capture"
+    assert innermost(event["capture_stack"]) == line_of("rng-capture")
+    assert f"{HERE}:{line_of('rng-capture')}" in event["message"]
+
+
+@pytest.mark.simulated
+def test_rng_calls_outside_a_capture_pass(sim: Any) -> None:
+    """Outside any capture, torch.manual_seed and friends are torch's own calls, unreported."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    with capture_violations() as events:
+        torch.manual_seed(0)
+        torch.cuda.manual_seed_all(0)
+    assert events == []
+
+
+# Off, first N, threads, other modes, failures
+
+
+@pytest.mark.simulated
+def test_inspection_off_adds_nothing(sim: Any) -> None:
+    """Without inspection: no dispatch mode during a capture, replay and the RNG functions as
+    torch has them, and `.item()` is torch's own business."""
+    real_seed = torch.cuda.manual_seed
+    cgguard.install(cgguard.Config(log_file="/dev/null"))
+    patched = cgguard.status().patched
+    assert REPLAY_HOOK not in patched
+    assert not any("manual_seed" in target for target in patched)
+    assert torch.cuda.manual_seed is real_seed
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        modes = torch._C._len_torch_dispatch_stack()
+        torch.arange(3.0).sum().item()
+    assert modes == 0
+
+
+@pytest.mark.simulated
+def test_inspection_on_is_shown_and_comes_off_with_uninstall(sim: Any) -> None:
+    """status() shows the configuration and the hooks; uninstall() takes them all off."""
+    real_seed = torch.cuda.manual_seed
+    cgguard.install(cgguard.Config(inspect=True, inspect_first=3, log_file="/dev/null"))
+    status = cgguard.status()
+    assert status.config is not None
+    assert (status.config.inspect, status.config.inspect_first) == (True, 3)
+    assert REPLAY_HOOK in status.patched
+    assert "torch.cuda.manual_seed" in status.patched
+    cgguard.uninstall()
+    assert torch.cuda.manual_seed is real_seed
+    assert "replay" not in vars(torch.cuda.graphs.CUDAGraph) or not hasattr(
+        vars(torch.cuda.graphs.CUDAGraph)["replay"], "__wrapped__"
+    )
+
+
+@pytest.mark.simulated
+def test_only_the_first_n_captures_of_a_site_are_inspected(sim: Any) -> None:
+    """inspect_first=2: the third capture made at one line is not watched."""
+    cgguard.install(cgguard.Config(inspect=True, inspect_first=2, log_file="/dev/null"))
+    x = torch.arange(3.0)
+    refused = []
+    for _ in range(3):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            try:
+                x.sum().item()
+                refused.append(False)  # not inspected: on CPU, nothing else can tell
+            except cgguard.ImplicitSyncError:
+                refused.append(True)
+    assert refused == [True, True, False]
+
+
+@pytest.mark.simulated
+def test_another_threads_ops_are_not_judged(sim: Any) -> None:
+    """A thread that calls `.item()` while the main thread captures is not inspected: a dispatch
+    mode is thread-local."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    results: list[float] = []
+    worker = threading.Thread(target=lambda: results.append(torch.arange(3.0).sum().item()))
+    with capture_violations() as events, torch.cuda.graph(torch.cuda.CUDAGraph()):
+        worker.start()
+        worker.join()
+    assert (results, events) == ([3.0], [])
+
+
+class Counting(TorchDispatchMode):
+    """A user's own dispatch mode: counts the ops it sees."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops.append(str(func._schema.name))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.simulated
+def test_a_users_mode_inside_and_around_the_capture_sees_what_it_saw(sim: Any) -> None:
+    """A user's mode around the capture and another inside it see their ops, and the mode
+    stack is as the user left it once the capture ends."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    x = torch.arange(3.0)
+    with Counting() as outer:
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            with Counting() as inner:
+                x.mul(2)
+            with pytest.raises(cgguard.ImplicitSyncError):
+                x.sum().item()
+        depth = torch._C._len_torch_dispatch_stack()
+    assert (inner.ops, depth, torch._C._len_torch_dispatch_stack()) == (["aten::mul"], 1, 0)
+    assert outer.ops[:2] == ["aten::mul", "aten::sum"]
+
+
+@pytest.mark.simulated
+def test_a_mode_left_open_past_capture_end_stays_on_the_stack(sim: Any) -> None:
+    """A raw capture whose code enters a mode and leaves it open past capture_end: cgguard's
+    mode comes off from under it, and the user's stays, in place."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    user = Counting()
+    with torch.cuda.stream(stream):
+        graph.capture_begin()
+        user.__enter__()
+        graph.capture_end()
+    try:
+        torch.arange(2.0).sum().item()  # no capture: nothing refused
+        assert torch._C._len_torch_dispatch_stack() == 1
+    finally:
+        user.__exit__(None, None, None)
+    assert torch._C._len_torch_dispatch_stack() == 0
+
+
+@pytest.mark.simulated
+def test_autograd_keep_graph_and_shared_pools_still_capture(sim: Any) -> None:
+    """Autograd inside an inspected capture, keep_graph=True and two graphs sharing one pool
+    capture and replay as without inspection."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    w = torch.ones(3, requires_grad=True)
+    first = torch.cuda.CUDAGraph(keep_graph=True)
+    with capture_violations() as events:
+        with torch.cuda.graph(first):
+            loss = (w * 2).sum()
+            loss.backward()
+        first.replay()
+        second = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(second, pool=first.pool()):
+            w.detach().mul(3)
+        second.replay()
+    assert w.grad is not None
+    assert (events, w.grad.tolist()) == ([], [2.0, 2.0, 2.0])
+
+
+@pytest.mark.simulated
+def test_torchs_own_liveness_check_is_left_the_inputs(sim: Any) -> None:
+    """A capture that passed torch's check_input_liveness (torch 2.13) is not tracked for dead
+    inputs by cgguard too: one tensor is never reported twice."""
+    if "check_input_liveness" not in torch.cuda.graph.__init__.__code__.co_varnames:
+        pytest.skip("torch before 2.13 has no check_input_liveness")
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    x = torch.arange(3.0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, check_input_liveness=True):
+        y = x * 2
+    del x
+    gc.collect()
+    with capture_violations() as events:
+        graph.replay()  # torch's tracker sees no CUDA tensor on the simulation: silent too
+    assert events == []
+    del y
+
+
+@pytest.mark.simulated
+def test_an_error_inside_the_watcher_is_one_warning_and_the_op_runs(
+    sim: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A failure of cgguard's own inspection is one warning line; the ops give their results."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+
+    def broken(*_: object) -> None:
+        raise ValueError("inspection broke")
+
+    monkeypatch.setattr(_liveness.Inputs, "read", broken)
+    x = torch.arange(3.0)
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        y = x * 2
+        z = y + 1
+    err = capsys.readouterr().err
+    assert z.tolist() == [1.0, 3.0, 5.0]
+    assert err.count("inspection broke") == 1
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.simulated
+def test_make_graphed_callables_runs_inspected(sim: Any) -> None:
+    """torch.cuda.make_graphed_callables captures its forward and backward under inspection,
+    and the graphed module computes what the module computes."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    module = torch.nn.Linear(3, 2)
+    x = torch.ones(4, 3, requires_grad=True)
+    expected = module(x).detach()
+    with capture_violations() as events:
+        graphed = torch.cuda.make_graphed_callables(module, (x,))
+    assert events == []
+    assert callable(graphed)
+    del expected
+
+
+def violations(events: list[ViolationEvent]) -> list[str]:
+    return [e["rule"] for e in events]
+
+
+@pytest.mark.simulated
+def test_a_relaxed_capture_judges_only_syncs_of_its_own_stream(sim: Any) -> None:
+    """In a relaxed capture, `.item()` with the capturing stream current is refused; with
+    another stream current it is let through, as CUDA lets that synchronize through."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    x = torch.arange(3.0)
+    graph, other = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with capture_violations() as events:
+        with torch.cuda.graph(graph, capture_error_mode="relaxed"):
+            with pytest.raises(cgguard.ImplicitSyncError):
+                x.sum().item()
+            with torch.cuda.stream(other):
+                total = x.sum().item()
+    assert (violations(events), total) == (["implicit_sync"], 3.0)
+
+
+@pytest.mark.simulated
+def test_a_synchronize_let_through_is_named_when_the_capture_fails(
+    sim: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first offender need not be inspection's own: a torch.cuda.synchronize() that
+    sync_during_capture logged is what the failed capture_end names."""
+    cgguard.install(cgguard.Config(inspect=True, mode="log", log_file="/dev/null"))
+    with pytest.raises(RuntimeError, match="previous error during capture"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            with pytest.raises(RuntimeError, match="operation not permitted"):
+                torch.cuda.synchronize()  # synchronize-offender
+    err = capsys.readouterr().err
+    assert "first offending call seen by cgguard: Synchronize during CUDA graph capture" in err
+    assert f"{HERE}:{line_of('synchronize-offender')}" in err
+
+
+@pytest.mark.simulated
+def test_an_exemption_lets_one_implicit_sync_through(sim: Any) -> None:
+    """implicit_sync=PLACE exempts the op called there, counted as exempted, as for any rule;
+    the simulation then fails it as CUDA would."""
+    cgguard.install(
+        cgguard.Config(inspect=True, exempt=f"implicit_sync={HERE}", log_file="/dev/null")
+    )
+    x = torch.arange(3.0)
+    with pytest.raises(RuntimeError, match="previous error during capture"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            with pytest.raises(SimulatedCudaError):
+                x.sum().item()
+    assert cgguard.status().exempted == {"implicit_sync": 1}
+
+
+@pytest.mark.simulated
+def test_the_inspection_rules_take_their_actions_from_the_rule_table(sim: Any) -> None:
+    """CGGUARD_INSPECT=1 with CGGUARD_RULE_IMPLICIT_SYNC=off: inspection is on, and that rule
+    alone is off, as for any rule."""
+    config = cgguard.Config.from_environ(
+        {
+            "CGGUARD_INSPECT": "1",
+            "CGGUARD_RULE_IMPLICIT_SYNC": "off",
+            "CGGUARD_LOG_FILE": "/dev/null",
+        }
+    )
+    cgguard.install(config)
+    x = torch.arange(3.0)
+    with capture_violations() as events:
+        with pytest.raises(RuntimeError, match="previous error during capture"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                with pytest.raises(cgguard.RngDuringCaptureError):
+                    torch.cuda.manual_seed(1)
+                with pytest.raises(SimulatedCudaError):
+                    x.sum().item()  # not reported: the simulation fails it as CUDA would
+    assert violations(events) == ["rng_during_capture"]
+
+
+# On a GPU only: what the simulation cannot show.
+
+
+@pytest.mark.cuda
+def test_a_copy_to_the_host_is_refused_on_cuda() -> None:
+    """x.cpu() of a CUDA tensor inside an inspected capture is refused before it runs (a copy
+    into pageable memory waits for the stream); the capture ends cleanly and replays."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    x = torch.arange(4.0, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = x * 2
+        with pytest.raises(cgguard.ImplicitSyncError) as refused:
+            y.cpu()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert refused.value.event["api"] == "aten::_to_copy"
+    assert y.tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+@pytest.mark.cuda
+def test_a_freed_allocation_of_the_graphs_own_pool_is_not_a_dead_input() -> None:
+    """A tensor allocated inside the capture below the dispatch mode (as compiled code does),
+    read by a later op and then freed, lies in the graph's pool: its replays say nothing."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    x = torch.arange(4.0, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        with _disable_current_modes():
+            hidden = x * 2  # not seen: no mode on the stack
+        out = hidden + 1
+        del hidden
+    gc.collect()
+    with capture_violations() as events:
+        graph.replay()
+    torch.cuda.synchronize()
+    assert (events, out.tolist()) == ([], [1.0, 3.0, 5.0, 7.0])
+
+
+@pytest.mark.cuda
+def test_inductors_cudagraph_trees_capture_under_inspection() -> None:
+    """mode="reduce-overhead" records its graphs through CUDAGraph.capture_begin, inspected
+    like any capture: the compiled function's results are the eager ones, nothing reported."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    x = torch.arange(4.0, device="cuda")
+    compiled = torch.compile(lambda t: torch.sin(t * 3), mode="reduce-overhead")
+    with capture_violations() as events:
+        results = [compiled(x).clone() for _ in range(3)]
+    expected = torch.sin(x * 3)
+    for result in results:
+        torch.testing.assert_close(result, expected)
+    assert events == []
+
+
+@pytest.mark.simulated
+def test_uninstall_during_an_inspected_capture_takes_the_mode_off(sim: Any) -> None:
+    """uninstall() while this thread captures: the inspection's mode leaves the thread's
+    stack, and the capture goes on as torch's own."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        assert torch._C._len_torch_dispatch_stack() == 1
+        cgguard.uninstall()
+        depth = torch._C._len_torch_dispatch_stack()
+        torch.arange(2.0).sum().item()  # torch's own business now
+    assert depth == 0
