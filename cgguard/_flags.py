@@ -35,6 +35,7 @@ class FlagSource:
     """Another framework's capture flag: a module attribute, and where its setter last set it."""
 
     how = ""  # what the message adds to where the flag was set: nothing
+    profile: str | None = None  # never a built-in profile's (cgguard._profiles)
 
     def __init__(self, module: ModuleType, attribute: str) -> None:
         self.module = module
@@ -80,7 +81,10 @@ class Windows:
     closed last, or, for a predicate window, the last capture seen inside it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, profile: str | None = None) -> None:
+        # The built-in profile these windows are (cgguard._profiles), None for the declared
+        # ones: a profile's refusals follow its own setting, and its exemptions apply to them.
+        self.profile = profile
         # One item per call of a window function under way, on any thread: list.append and
         # list.pop are atomic, where a counter's += would need a lock on every call.
         self.calls: list[None] = []
@@ -175,6 +179,7 @@ class Disabler(NamedTuple):
     label: str | None  # a followed flag's module.attribute; None for cgguard's own
     changed_at: Snapshot | None  # None: by configuration, or by a setter cgguard never saw
     how: str = ""  # what the message adds after where: which window closed there
+    profile: str | None = None  # the built-in profile whose windows disable capture, if so
 
 
 def disabled_by(
@@ -190,5 +195,5 @@ def disabled_by(
         return Disabler(None, flag.changed_at)
     for source in list(follows):
         if not source.enabled(stack):
-            return Disabler(source.label, source.changed_at, source.how)
+            return Disabler(source.label, source.changed_at, source.how, source.profile)
     return None

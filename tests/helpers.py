@@ -105,6 +105,7 @@ DEFAULT_CONFIGURATION = [
     "  exempt         none         (default)",
     "  exempt_file    none         (default)",
     "  window         none         (default)",
+    "  profiles       log          (default)",
     "  rule           capture_disabled: raise (default)",
     "  rule           nested_capture: raise (default)",
     "  rule           concurrent_capture: log (default)",
