@@ -114,6 +114,8 @@ class Windows:
         entry, what, _ = closed
         if what == RETURNED:
             return f", where the capture window {entry} returned"
+        if what == ENDED:
+            return f", where the with statement of the capture window {entry} ended"
         return f", the last capture seen inside the capture window {entry}"
 
     def enter_first(self) -> None:
@@ -122,9 +124,10 @@ class Windows:
             self.entered = True
             self.on_entered()
 
-    def close(self, entry: str, caller: FrameType) -> None:
-        """The last call of a window function under way returned to ``caller``, or raised."""
-        self.closed = (entry, RETURNED, snapshot_from(caller))
+    def close(self, entry: str, caller: FrameType, what: str = "") -> None:
+        """The last call of a window function under way returned to ``caller``, or raised;
+        or (``what`` ENDED) the last ``with`` body of a context window ended there."""
+        self.closed = (entry, what or RETURNED, snapshot_from(caller))
 
     def enabled(self, stack: Snapshot | LiveStack | None = None) -> bool:
         """Whether a capture may begin now: inside an open window, or before any was entered.
@@ -166,6 +169,7 @@ class Windows:
 
 
 RETURNED = "returned"
+ENDED = "ended"
 SEEN_INSIDE = "seen inside"
 
 

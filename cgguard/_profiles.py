@@ -120,7 +120,9 @@ PROFILES: tuple[Profile, ...] = (
             # is_capture_mode, set by model_capture_mode() (decode and speculative runners), at
             # each module that has held it: 0.5.23's, and the older two.
             Window("sglang.srt.model_executor.runner_utils.capture_mode:is_capture_mode"),
-            Window("sglang.srt.model_executor.cuda_graph_runner_utils.capture_mode:is_capture_mode"),
+            Window(
+                "sglang.srt.model_executor.cuda_graph_runner_utils.capture_mode:is_capture_mode"
+            ),
             Window("sglang.srt.model_executor.cuda_graph_runner:is_capture_mode"),
             # The prefill runner's capture, in the runtime flags a getter hands out.
             Window(
@@ -140,7 +142,8 @@ PROFILES: tuple[Profile, ...] = (
             ),
         ),
         (
-            # ViT encoder graphs, captured per new shape while serving (SGLANG_VIT_ENABLE_CUDA_GRAPH).
+            # ViT encoder graphs, captured per new shape while serving
+            # (SGLANG_VIT_ENABLE_CUDA_GRAPH).
             (_DISABLED, "sglang.srt.multimodal.vit_cuda_graph_runner"),
             (_DISABLED, "sglang.srt.multimodal.internvl_vit_cuda_graph_runner"),
             (_DISABLED, "sglang.srt.multimodal.kimi_k3_vit_cuda_graph_runner"),
@@ -239,4 +242,3 @@ def _texts(profile: Profile) -> tuple[str, ...]:
 def windows_of(name: str) -> Windows | None:
     """The windows of the profile ``name`` while it is on (for tests and status)."""
     return next((a.windows for a in _active if a.profile.name == name), None)
-

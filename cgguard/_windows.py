@@ -18,7 +18,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cgguard import _startup, _state
-from cgguard._flags import Predicate
+from cgguard._flags import ENDED, Predicate
 from cgguard._patchset import PatchSet
 from cgguard._settings import WINDOW_SYNTAX, shown
 from cgguard._warn import warn_once
@@ -99,11 +99,7 @@ class Entry:
     def _resolve(self, module: ModuleType) -> str | None:
         """Watch what the entry names; the reason it cannot be watched, if so."""
         if self.reader is not None:
-            found = self.reader(module)
-            if found is None:
-                return f"{module.__name__} has no {self.entry.partition(':')[2]!r}"
-            self._watch(*found)
-            return None
+            return self._read_by(self.reader, module)
         *path, name = self.entry.partition(":")[2].split(".")
         owner: Any = module
         for part in path:
@@ -136,6 +132,13 @@ class Entry:
             self.kind = FUNCTION
         else:
             self._watch("module attribute", functools.partial(getattr, owner, name, False))
+        return None
+
+    def _read_by(self, reader: Reader, module: ModuleType) -> str | None:
+        found = reader(module)
+        if found is None:
+            return f"{module.__name__} has no {self.entry.partition(':')[2]!r}"
+        self._watch(*found)
         return None
 
     def _watch(self, kind: str, read: Any) -> None:
@@ -251,7 +254,7 @@ class _Opening:
         self._mine.pop()
         windows.calls.pop()
         if not windows.calls:
-            windows.close(self._entry, caller)
+            windows.close(self._entry, caller, ENDED)
 
 
 # The windows declared, by entry, in the order declared.

@@ -19,8 +19,8 @@ import cgguard
 from cgguard import _patches
 from cgguard._install import CaptureInfo
 from cgguard._profiles import ProfileInfo
-from cgguard._windows import WindowInfo
 from cgguard._state import FLAG
+from cgguard._windows import WindowInfo
 from cgguard.testing import _simcuda, active_simulation, simulated_cuda
 
 ENTRY_POINTS = torch_entry_points()

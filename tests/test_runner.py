@@ -451,7 +451,8 @@ def test_environment_of_the_program(tmp_path: Path, old: str | None, expected: s
         b"cgguard: ignoring CGGUARD_OTHER: no such variable; the variables are CGGUARD_ENABLED, "
         b"CGGUARD_MODE, CGGUARD_LOG_FORMAT, CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, "
         b"CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, "
-        b"CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, CGGUARD_PROFILES, CGGUARD_RULE_<RULE>\n",
+        b"CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, CGGUARD_PROFILES, "
+        b"CGGUARD_RULE_<RULE>\n",
     )
     assert {
         **plain_environ,
