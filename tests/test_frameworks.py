@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from helpers import SourceFile, clean_environ
 
 pytestmark = [pytest.mark.frameworks, pytest.mark.subprocess]
@@ -64,7 +65,7 @@ def test_real_vllm_mrv2_profile_names_its_two_functions_and_guards_capture_model
     returned = checks.line_of("@capture-model-returns")
     seen = _run("vllm")
     assert seen == {
-        "torch": "2.13.0+cpu",  # this environment's torch, not one the dependencies brought
+        "torch": torch.__version__,  # this environment's, not one the dependencies brought
         "before": "waiting for import",
         "state": "active",
         "windows": [[MRV2, "function", "watched"], [ENCODER, "function", "watched"]],
@@ -89,7 +90,7 @@ def test_real_sglang_model_capture_mode_opens_its_window() -> None:
     mode = "sglang.srt.model_executor.runner_utils.capture_mode:is_capture_mode"
     stream = "sglang.srt.compilation.compile_phase:_pcg_capture_stream"
     assert seen == {
-        "torch": "2.13.0+cpu",
+        "torch": torch.__version__,
         "state": "active",
         "windows": [
             ["is_capture_mode", "module attribute", "watched"],
