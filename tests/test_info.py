@@ -48,6 +48,9 @@ def test_configuration_names_the_variable_a_value_follows() -> None:
         "  exempt_file    none         (default)",
         "  window         none         (default)",
         "  profiles       log          (default)",
+        "  profile        vllm: vLLM Model Runner V2, 2 windows, 3 exemptions",
+        "  profile        sglang: SGLang, 6 windows, 8 exemptions",
+        "  profile        tensorrt_llm: TensorRT-LLM (PyTorch backend), 2 windows, 0 exemptions",
         "  rule           capture_disabled: log (from CGGUARD_MODE)",
         "  rule           nested_capture: raise (CGGUARD_RULE_NESTED_CAPTURE)",
         # The diagnostics log whatever the mode: their default is their own.
