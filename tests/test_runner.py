@@ -1095,6 +1095,7 @@ def test_program_importing_torch_is_guarded_as_configured(tmp_path: Path) -> Non
             "exempt": [],
             "exempt_file": None,
             "windows": [],
+            "profiles": "log",
         },
         "capture_enabled": False,
     }
@@ -1169,6 +1170,10 @@ def test_info_reports_versions_configuration_and_activation(tmp_path: Path) -> N
         "  exempt         none         (default)",
         "  exempt_file    none         (default)",
         "  window         none         (default)",
+        "  profiles       log          (default)",
+        "  profile        vllm: vLLM Model Runner V2, 2 windows, 3 exemptions",
+        "  profile        sglang: SGLang, 6 windows, 8 exemptions",
+        "  profile        tensorrt_llm: TensorRT-LLM (PyTorch backend), 2 windows, 0 exemptions",
         "  rule           capture_disabled: log (from CGGUARD_MODE)",
         "  rule           nested_capture: log (from CGGUARD_MODE)",
         "  rule           concurrent_capture: log (default)",
