@@ -500,3 +500,23 @@ def _bare_capture() -> None:
 
     with torch.cuda.graph(torch.cuda.CUDAGraph()):
         pass
+
+
+def test_a_getter_that_fails_counts_as_inside_with_one_warning(
+    frameworks: Path, cuda: None, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """SGLang's get_flags() failing (its runtime context gone) never fails a capture: the
+    window counts as inside, with one warning line naming it, however many captures ask."""
+    cgguard.install(cgguard.Config(profiles="raise"))
+    context = _import("sglang.srt.runtime_context")
+    plugin = _import("plugin")
+    capfd.readouterr()
+    context._CONTEXT = None  # get_flags() then raises AttributeError
+    plugin.serve()
+    plugin.serve()
+    window = "sglang.srt.runtime_context:get_flags().dp.capturing_prefill_graph"
+    assert (cgguard.status().violations, capfd.readouterr().err) == (
+        {},
+        f"cgguard: cannot read the capture window {window}: "
+        "AttributeError(\"'NoneType' object has no attribute 'flags'\")\n",
+    )
