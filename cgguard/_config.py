@@ -32,6 +32,7 @@ Action = Literal["raise", "log", "off"]
 LogFormat = Literal["json", "console"]
 LogTarget = Literal["stderr", "file", "logging"]
 Capture = Literal["enabled", "disabled"]
+Profiles = Literal["log", "raise", "off"]
 # What Config(exempt=...) takes: "RULE=PLACE" entries (";" between them in one str), (rule,
 # place) pairs, or a mapping of rule to places. It keeps the pairs.
 Exempt = str | Iterable[str | tuple[str, str]] | Mapping[str, str | Iterable[str]] | None
@@ -78,6 +79,10 @@ class Config:
     places. ``exempt_file``: a file of more exemptions, read at install (docs/exemptions.md).
     ``windows``: capture windows, "module:qualname" entries ("," between them in one str):
     once one has been entered and closed, a capture outside every open window breaks
+    capture_disabled (docs/integrations.md#capture-windows). ``profiles``: the built-in
+    profiles of vLLM, SGLang and TensorRT-LLM, each switched on when its framework's modules
+    are imported: "log" (their refusals are logged even in raise mode), "raise" (the mode and
+    the rules decide, as for any window) or "off" (docs/integrations.md#built-in-profiles).
     capture_disabled (docs/integrations.md#capture-windows). ``inspect``: watch each capture
     op by op and each replay of the graphs it made (implicit_sync, dead_input,
     rng_during_capture; docs/inspection.md). ``inspect_first``: inspect only the first N
@@ -97,6 +102,7 @@ class Config:
     exempt: tuple[tuple[str, str], ...] = dataclasses.field(default=SETTINGS["exempt"].default)
     exempt_file: str | None = dataclasses.field(default=SETTINGS["exempt_file"].default)
     windows: tuple[str, ...] = dataclasses.field(default=SETTINGS["windows"].default)
+    profiles: Profiles = dataclasses.field(default=SETTINGS["profiles"].default)
     inspect: bool = dataclasses.field(default=SETTINGS["inspect"].default)
     inspect_first: int | None = dataclasses.field(default=SETTINGS["inspect_first"].default)
 
@@ -117,6 +123,7 @@ class Config:
             exempt: Exempt = ...,
             exempt_file: str | os.PathLike[str] | None = ...,
             windows: Windows = ...,
+            profiles: Profiles = ...,
             inspect: bool = ...,
             inspect_first: int | None = ...,
         ) -> None: ...

@@ -35,6 +35,7 @@ class FlagSource:
     """Another framework's capture flag: a module attribute, and where its setter last set it."""
 
     how = ""  # what the message adds to where the flag was set: nothing
+    profile: str | None = None  # never a built-in profile's (cgguard._profiles)
 
     def __init__(self, module: ModuleType, attribute: str) -> None:
         self.module = module
@@ -80,7 +81,10 @@ class Windows:
     closed last, or, for a predicate window, the last capture seen inside it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, profile: str | None = None) -> None:
+        # The built-in profile these windows are (cgguard._profiles), None for the declared
+        # ones: a profile's refusals follow its own setting, and its exemptions apply to them.
+        self.profile = profile
         # One item per call of a window function under way, on any thread: list.append and
         # list.pop are atomic, where a counter's += would need a lock on every call.
         self.calls: list[None] = []
@@ -110,6 +114,8 @@ class Windows:
         entry, what, _ = closed
         if what == RETURNED:
             return f", where the capture window {entry} returned"
+        if what == ENDED:
+            return f", where the with statement of the capture window {entry} ended"
         return f", the last capture seen inside the capture window {entry}"
 
     def enter_first(self) -> None:
@@ -118,9 +124,10 @@ class Windows:
             self.entered = True
             self.on_entered()
 
-    def close(self, entry: str, caller: FrameType) -> None:
-        """The last call of a window function under way returned to ``caller``, or raised."""
-        self.closed = (entry, RETURNED, snapshot_from(caller))
+    def close(self, entry: str, caller: FrameType, what: str = "") -> None:
+        """The last call of a window function under way returned to ``caller``, or raised;
+        or (``what`` ENDED) the last ``with`` body of a context window ended there."""
+        self.closed = (entry, what or RETURNED, snapshot_from(caller))
 
     def enabled(self, stack: Snapshot | LiveStack | None = None) -> bool:
         """Whether a capture may begin now: inside an open window, or before any was entered.
@@ -162,6 +169,7 @@ class Windows:
 
 
 RETURNED = "returned"
+ENDED = "ended"
 SEEN_INSIDE = "seen inside"
 
 
@@ -175,6 +183,7 @@ class Disabler(NamedTuple):
     label: str | None  # a followed flag's module.attribute; None for cgguard's own
     changed_at: Snapshot | None  # None: by configuration, or by a setter cgguard never saw
     how: str = ""  # what the message adds after where: which window closed there
+    profile: str | None = None  # the built-in profile whose windows disable capture, if so
 
 
 def disabled_by(
@@ -190,5 +199,5 @@ def disabled_by(
         return Disabler(None, flag.changed_at)
     for source in list(follows):
         if not source.enabled(stack):
-            return Disabler(source.label, source.changed_at, source.how)
+            return Disabler(source.label, source.changed_at, source.how, source.profile)
     return None

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from cgguard import _exempt_syntax, _settings
 from cgguard._config import Config
+from cgguard._profiles import PROFILES
 from cgguard._rules import NAMES, RULES
 from cgguard._runner import BOOT_DIR, program_environ, run_parser
 from cgguard._startup import ENABLED
@@ -57,6 +58,12 @@ def _configuration(environ: Mapping[str, str]) -> list[str]:
         if value is None or value == ():
             shown = config.target() if field == "log_target" else setting.unset
         lines.append(f"  {setting.name:<14} {shown!s:<12} ({_source(field, sources)})")
+        if field == "profiles" and value != "off":
+            lines += [
+                f"  {'profile':<14} {p.name}: {p.title}, {len(p.windows)} windows, "
+                f"{len(p.exempt)} exemptions"
+                for p in PROFILES
+            ]
         if field == "exempt_file" and value is not None:
             found = _settings.exemptions_file(value)[0]
             lines += [f"  {'exempt':<14} {_exempt_syntax.text(pair)} ({value})" for pair in found]

@@ -11,7 +11,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, NamedTuple
 
-from cgguard import _events, _follow, _settings, _startup, _state, _windows
+from cgguard import _events, _follow, _profiles, _settings, _startup, _state, _windows
 from cgguard._checks import API, BEGAN_AT, MODE, THREAD
 from cgguard._config import Config
 from cgguard._errors import ConfigError
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from cgguard._checks import Record
     from cgguard._frames import FrameInfo
+    from cgguard._profiles import ProfileInfo
     from cgguard._watch import Watcher
     from cgguard._windows import WindowInfo
 
@@ -68,6 +69,8 @@ class Status:
     exemptions: tuple[str, ...] = ()
     # The capture windows declared, each with what it names and its state now.
     windows: tuple[WindowInfo, ...] = ()
+    # The built-in profiles: each with its state, its windows and its exemptions.
+    profiles: tuple[ProfileInfo, ...] = ()
 
 
 def install(config: Config | None = None) -> None:
@@ -113,6 +116,7 @@ def uninstall() -> None:
         _startup.cancel("torch", PATCH_ON_IMPORT)
         _follow.unfollow_all()  # follow_flag() made before install() too
         _windows.forget_all()
+        _profiles.switch(False)
         installation = _state.current
         if installation is None:
             return
@@ -184,6 +188,7 @@ def status() -> Status:
             exempted=reporter.run.tally.totals(),
             exemptions=tuple(_exempt_texts(reporter.exemptions)),
             windows=tuple(_windows.windows()),
+            profiles=tuple(_profiles.profiles()),
         )
 
 
@@ -249,6 +254,7 @@ def _configure(
         FLAG.set(config.capture == "enabled", None)
     _follow.follow_vllm(config.vllm_bridge)
     _windows.declare(config.windows)
+    _profiles.switch(config.profiles != "off")
     installation.watch(_watchers(config, installation))
     return installation, replaced
 
@@ -275,6 +281,11 @@ def _reporter(config: Config, run: Run) -> Reporter:
         log=log,
         report=ReportFile(config, run) if config.report is not None else None,
         exemptions=Exemptions(pairs) if pairs else None,
+        profiles=(
+            {name: Exemptions(p) for name, p in _profiles.exemptions().items() if p}
+            if config.profiles != "off"
+            else None
+        ),
     )
 
 

@@ -105,6 +105,7 @@ class Installation:
             log=old.log.anew() if old.log is not None else None,
             report=report,
             exemptions=exemptions,
+            profiles={name: Exemptions(e.pairs) for name, e in old.profiles.items()},
             listeners=old.listeners,
         )
         if self.tracker is not None:

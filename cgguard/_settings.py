@@ -107,6 +107,9 @@ SETTINGS: "dict[str, Setting]" = {
         Setting("exempt", EXEMPT, (), "none"),
         Setting("exempt_file", PATH, None, "none"),
         Setting("windows", WINDOWS, (), "none", name="window"),
+        # The built-in profiles (cgguard._profiles): on, with their refusals logged even in
+        # raise mode (their first release), "raise" to let the mode decide, or "off".
+        Setting("profiles", ("log", "raise", "off"), "log"),
         Setting("inspect", BOOL, False),
         Setting("inspect_first", COUNT, None, "every capture of each site"),
     )

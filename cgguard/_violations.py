@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, cast
 
 from cgguard import _events
 from cgguard._checks import API, BEGAN_AT, MODE, THREAD
+from cgguard._flags import Disabler
 from cgguard._frames import innermost_visible, resolve
 from cgguard._ledger import worth_logging
 from cgguard._rules import BLAMES_FLAG, BLAMES_THREAD, RULES, Cause
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
     from cgguard._config import Action, Config
     from cgguard._errors import CaptureViolation
     from cgguard._exempt_match import Exemptions, Match
-    from cgguard._flags import Disabler
     from cgguard._frames import LiveStack, Snapshot
     from cgguard._ledger import Run
     from cgguard._log import EventLog
@@ -61,6 +61,7 @@ class Reporter:
         log: EventLog | None = None,
         report: ReportFile | None = None,
         exemptions: Exemptions | None = None,
+        profiles: Mapping[str, Exemptions] | None = None,
     ) -> None:
         self.config = config
         self.run = run
@@ -69,6 +70,9 @@ class Reporter:
         # None: no exemption, and then no stack is ever matched. Consulted only once a rule is
         # found broken: an exemption costs the capture path nothing.
         self.exemptions = exemptions
+        # The built-in profiles' exemptions, by profile: each applies only to the refusals
+        # its own profile's windows make (cgguard._profiles).
+        self.profiles: Mapping[str, Exemptions] = profiles or {}
         self.listeners = listeners  # the process's (cgguard._state), shared by every reporter
         self._lock = threading.Condition(threading.Lock())
         self._users: list[int] = []  # the threads reporting through this reporter now
@@ -183,8 +187,19 @@ class Reporter:
         acting: Acting = []
         for rule, cause in found:
             action = self.config.action(rule)
+            if (
+                action == "raise"
+                and type(cause) is Disabler
+                and cause.profile is not None
+                and self.config.profiles != "raise"
+            ):
+                # A built-in profile's first release: it reports what it would refuse, so
+                # that a server that ran yesterday still runs today (docs/integrations.md).
+                action = "log"
             if action != "off":
                 acting.append((rule, cause, action))
+        if self.profiles and acting:
+            acting, stack = self._profile_exempted(acting, api, stack)
         if self.exemptions is not None and acting:
             acting, stack = self._exempted(acting, api, stack, self.exemptions)
         if not acting:
@@ -199,6 +214,26 @@ class Reporter:
             # Refused all the same, with what is known without the report.
             message = f"{refusing}: {api} refused (cgguard could not build the report: {exc!r})"
             return RULES[refusing].error(message, {"rule": refusing, "api": api})
+
+    def _profile_exempted(
+        self, acting: Acting, api: str, stack: Snapshot | LiveStack
+    ) -> tuple[Acting, Snapshot | LiveStack]:
+        """The violations no built-in exemption lets through: each profile's exemptions are
+        matched against the violations its own windows caused, and counted as any other."""
+        kept: Acting = []
+        for item in acting:
+            cause = item[1]
+            exemptions = (
+                self.profiles.get(cause.profile)
+                if type(cause) is Disabler and cause.profile is not None
+                else None
+            )
+            if exemptions is None:
+                kept.append(item)
+                continue
+            left, stack = self._exempted([item], api, stack, exemptions)
+            kept += left
+        return kept, stack
 
     def _exempted(
         self, acting: Acting, api: str, stack: Snapshot | LiveStack, exemptions: Exemptions
@@ -301,7 +336,7 @@ def _event(
     blames = RULES[rule].blames
     if blames == BLAMES_FLAG or cause is None:
         disabler = cast("Disabler | None", cause)
-        label, origin, how = disabler if disabler is not None else (None, None, "")
+        label, origin, how = disabler[:3] if disabler is not None else (None, None, "")
         if origin is not None:
             told = Cause("capture was disabled at {where}" + how)
         elif label is None:

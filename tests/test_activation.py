@@ -103,7 +103,7 @@ def test_unknown_variables_warn_at_start_with_the_closest_name() -> None:
         "cgguard: ignoring CGGUARD_XYZZY: no such variable; the variables are CGGUARD_ENABLED, "
         "CGGUARD_MODE, CGGUARD_LOG_FORMAT, CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, "
         "CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, "
-        "CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, CGGUARD_INSPECT, "
+        "CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, CGGUARD_PROFILES, CGGUARD_INSPECT, "
         "CGGUARD_INSPECT_FIRST, CGGUARD_RULE_<RULE>\n",
     )
     assert expected == (done.returncode, done.stdout, done.stderr)

@@ -22,6 +22,7 @@ DEFAULTS = {
     "exempt": (),
     "exempt_file": None,
     "windows": (),
+    "profiles": "log",
     "inspect": False,
     "inspect_first": None,
 }
@@ -63,6 +64,7 @@ def test_every_field_set() -> None:
         exempt="capture_disabled=torch._inductor.",
         exempt_file="/etc/cgguard/exempt",
         windows="vllm.v1.worker.gpu.model_runner:GPUModelRunner.capture_model, pkg:FLAG",
+        profiles="off",
         inspect=True,
         inspect_first=67,
     )
@@ -79,6 +81,7 @@ def test_every_field_set() -> None:
         "exempt": (("capture_disabled", "torch._inductor."),),
         "exempt_file": "/etc/cgguard/exempt",
         "windows": ("vllm.v1.worker.gpu.model_runner:GPUModelRunner.capture_model", "pkg:FLAG"),
+        "profiles": "off",
         "inspect": True,
         "inspect_first": 67,
     }
@@ -470,6 +473,7 @@ def test_from_environ_file_target_without_log_file_warn_false_is_silent(
             "pkg.mod:Runner.capture_model,pkg:on",
             ("pkg.mod:Runner.capture_model", "pkg:on"),
         ),
+        ("profiles", "RAISE", "raise"),
     ],
 )
 def test_each_field_but_rules_is_read_from_the_variable_named_after_it(

@@ -18,7 +18,9 @@ from helpers import SourceFile, patched_count, standin_hooks, torch_entry_points
 import cgguard
 from cgguard import _patches
 from cgguard._install import CaptureInfo
+from cgguard._profiles import ProfileInfo
 from cgguard._state import FLAG
+from cgguard._windows import WindowInfo
 from cgguard.testing import _simcuda, active_simulation, simulated_cuda
 
 ENTRY_POINTS = torch_entry_points()
@@ -359,6 +361,58 @@ def test_forget_captures_lets_go_of_all_but_the_kept_and_says_where_they_began()
     assert ((kept_one,), (), []) == (still_open, cgguard.status().captures, forget_captures())
 
 
+def _waiting(*entries: str) -> tuple[WindowInfo, ...]:
+    return tuple(WindowInfo(entry, None, "waiting for import") for entry in entries)
+
+
+_NOT_DISABLED = "capture_disabled="
+# The built-in profiles as docs/integrations.md lists them, before their frameworks' import.
+WAITING_PROFILES = (
+    (
+        "vllm",
+        _waiting(
+            "vllm.v1.worker.gpu.model_runner:GPUModelRunner.capture_model",
+            "vllm.v1.worker.mm_encoder_model_runner:MMEncoderModelRunner.capture_model",
+        ),
+        (
+            f"{_NOT_DISABLED}vllm.v1.attention.backends.flex_attention",
+            f"{_NOT_DISABLED}flashinfer.autotuner",
+            f"{_NOT_DISABLED}vllm.model_executor.warmup.rocm_segmented_attn_autotune_warmup",
+        ),
+    ),
+    (
+        "sglang",
+        _waiting(
+            "sglang.srt.model_executor.runner_utils.capture_mode:is_capture_mode",
+            "sglang.srt.model_executor.cuda_graph_runner_utils.capture_mode:is_capture_mode",
+            "sglang.srt.model_executor.cuda_graph_runner:is_capture_mode",
+            "sglang.srt.runtime_context:get_flags().dp.capturing_prefill_graph",
+            "sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph"
+            ".breakable_cuda_graph:_current_capture_var",
+            "sglang.srt.compilation.compile_phase:_pcg_capture_stream",
+        ),
+        (
+            f"{_NOT_DISABLED}sglang.srt.multimodal.vit_cuda_graph_runner",
+            f"{_NOT_DISABLED}sglang.srt.multimodal.internvl_vit_cuda_graph_runner",
+            f"{_NOT_DISABLED}sglang.srt.multimodal.kimi_k3_vit_cuda_graph_runner",
+            f"{_NOT_DISABLED}sglang.srt.model_executor.runner.metadata_glue_graph",
+            f"{_NOT_DISABLED}sglang.srt.speculative.dspark_components.dspark_sampling_accept_graph",
+            f"{_NOT_DISABLED}sglang.srt.models.deepseek_v4_replay_tail",
+            f"{_NOT_DISABLED}sglang.srt.distributed.device_communicators.pymscclpp",
+            f"{_NOT_DISABLED}flashinfer.autotuner",
+        ),
+    ),
+    (
+        "tensorrt_llm",
+        _waiting(
+            "tensorrt_llm._torch.pyexecutor.cuda_graph_runner:_local.is_graph_capturing",
+            "tensorrt_llm._torch.pyexecutor.cuda_graph_runner:CUDAGraphRunner.allow_capture",
+        ),
+        (),
+    ),
+)
+
+
 def test_status_says_what_cgguard_is_doing() -> None:
     """status(): not installed, then installed with its patches, captures, violations, config."""
     assert cgguard.status() == cgguard.Status(
@@ -400,6 +454,11 @@ def test_status_says_what_cgguard_is_doing() -> None:
         captures=(CaptureInfo(threading.get_ident(), "CUDAGraph.capture_begin", "relaxed"),),
         violations={"sync_during_capture": 1},
         config=config,
+        # Every built-in profile on, none of their frameworks imported.
+        profiles=tuple(
+            ProfileInfo(name, "waiting for import", windows, exemptions)
+            for name, windows, exemptions in WAITING_PROFILES
+        ),
     )
     # The simulation's device synchronize went with it.
     assert (cgguard.status().captures, cgguard.status().patched) == ((), ENTRY_POINTS + DEVICE_SYNC)

@@ -258,6 +258,7 @@ def config_section(**values: object) -> dict[str, Any]:
         "exempt": [],
         "exempt_file": None,
         "windows": [],
+        "profiles": "log",
         "inspect": False,
         "inspect_first": None,
         **values,

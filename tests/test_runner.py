@@ -451,7 +451,7 @@ def test_environment_of_the_program(tmp_path: Path, old: str | None, expected: s
         b"cgguard: ignoring CGGUARD_OTHER: no such variable; the variables are CGGUARD_ENABLED, "
         b"CGGUARD_MODE, CGGUARD_LOG_FORMAT, CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, "
         b"CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, "
-        b"CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, CGGUARD_INSPECT, "
+        b"CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, CGGUARD_PROFILES, CGGUARD_INSPECT, "
         b"CGGUARD_INSPECT_FIRST, CGGUARD_RULE_<RULE>\n",
     )
     assert {
@@ -1095,6 +1095,7 @@ def test_program_importing_torch_is_guarded_as_configured(tmp_path: Path) -> Non
             "exempt": [],
             "exempt_file": None,
             "windows": [],
+            "profiles": "log",
             "inspect": False,
             "inspect_first": None,
         },
@@ -1171,6 +1172,10 @@ def test_info_reports_versions_configuration_and_activation(tmp_path: Path) -> N
         "  exempt         none         (default)",
         "  exempt_file    none         (default)",
         "  window         none         (default)",
+        "  profiles       log          (default)",
+        "  profile        vllm: vLLM Model Runner V2, 2 windows, 3 exemptions",
+        "  profile        sglang: SGLang, 6 windows, 8 exemptions",
+        "  profile        tensorrt_llm: TensorRT-LLM (PyTorch backend), 2 windows, 0 exemptions",
         "  inspect        False        (default)",
         "  inspect_first  every capture of each site (default)",
         "  rule           capture_disabled: log (from CGGUARD_MODE)",

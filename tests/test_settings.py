@@ -292,6 +292,7 @@ def test_runner_options_are_the_settings() -> None:
         "exempt",
         "exempt_file",
         "windows",
+        "profiles",
         "inspect",
         "inspect_first",
     ]
@@ -338,8 +339,8 @@ def test_unknown_variable_without_a_close_name_lists_the_variables() -> None:
             "ignoring CGGUARD_XYZZY: no such variable; the variables are CGGUARD_ENABLED, "
             "CGGUARD_MODE, CGGUARD_LOG_FORMAT, CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, "
             "CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, "
-            "CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, CGGUARD_INSPECT, "
-            "CGGUARD_INSPECT_FIRST, CGGUARD_RULE_<RULE>"
+            "CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, CGGUARD_PROFILES, "
+            "CGGUARD_INSPECT, CGGUARD_INSPECT_FIRST, CGGUARD_RULE_<RULE>"
         ],
     )
     assert expected == _settings.read({"CGGUARD_XYZZY": "1"})
@@ -408,7 +409,8 @@ LONG = "x" * 10_000
             "the variables are CGGUARD_ENABLED, CGGUARD_MODE, CGGUARD_LOG_FORMAT, "
             "CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, CGGUARD_REPORT, CGGUARD_CAPTURE, "
             "CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, "
-            "CGGUARD_WINDOW, CGGUARD_INSPECT, CGGUARD_INSPECT_FIRST, CGGUARD_RULE_<RULE>",
+            "CGGUARD_WINDOW, CGGUARD_PROFILES, CGGUARD_INSPECT, CGGUARD_INSPECT_FIRST, "
+            "CGGUARD_RULE_<RULE>",
         ),
     ],
 )

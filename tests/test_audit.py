@@ -1,0 +1,147 @@
+"""The capture-site audit (tests/capture_audit.py and docs/audit/): the scanner finds each site,
+the tables' classifications name what the built-in profiles hold, and the real wheels match.
+
+The wheel scans are marked ``frameworks`` (deselected by default): they read the wheels from
+``$FRAMEWORKS_CACHE/wheels`` (docs/integrations.md#the-audit-of-capture-sites says how to fill it).
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+from capture_audit import Site, problems, read_table, scan
+
+from cgguard._profiles import PROFILES
+
+AUDIT = Path(__file__).parent.parent / "docs" / "audit"
+TABLES = {"vllm": AUDIT / "vllm-0.33.0.md", "sglang": AUDIT / "sglang-0.5.23.md"}
+WHEELS = {"vllm": "vllm-0.33.0-*.whl", "sglang": "sglang-0.5.23-*.whl"}
+
+RUNNER = '''\
+"""A runner: torch.cuda.graph( in a docstring is no site."""
+import torch
+
+
+class Runner:
+    def capture_model(self):
+        graph = torch.cuda.CUDAGraph()
+        # torch.cuda.graph(graph) in a comment is no site either
+        with torch.cuda.graph(graph):
+            pass
+
+
+def compiled(fn):
+    return torch.compile(fn, mode="reduce-overhead")
+'''
+
+PLUGIN = """\
+def lazy(graph):
+    graph.capture_begin()
+"""
+
+TABLE = """\
+Some text first.
+
+| file | function | kind | count | lines | class | by | why |
+| --- | --- | --- | --- | --- | --- | --- | --- |
+| `fw/runner.py` | `Runner.capture_model` | `CUDAGraph` | 1 | 7 | window | `fw.w:R.c` | in |
+| `fw/runner.py` | `Runner.capture_model` | `torch.cuda.graph` | 1 | 9 | window | `fw.w:R.c` | in |
+| `fw/runner.py` | `compiled` | `reduce-overhead` | 1 | 14 | exempt | `fw.runner` | on purpose |
+"""
+
+PLUGIN_ROW = "| `fw/plugin.py` | `lazy` | `capture_begin` | 1 | 2 | reported | - | a plugin |\n"
+
+
+def _tree(root: Path) -> Path:
+    (root / "fw").mkdir(parents=True)
+    (root / "fw" / "runner.py").write_text(RUNNER)
+    (root / "fw" / "plugin.py").write_text(PLUGIN)
+    return root
+
+
+def test_the_scanner_finds_each_kind_of_site_and_no_text() -> None:
+    """Calls and the reduce-overhead string are sites, by file, function and kind; a docstring or
+    a comment naming one is not."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        found = scan(_tree(Path(folder)), "fw")
+    assert found == {
+        Site("fw/plugin.py", "lazy", "capture_begin"): [2],
+        Site("fw/runner.py", "Runner.capture_model", "CUDAGraph"): [7],
+        Site("fw/runner.py", "Runner.capture_model", "torch.cuda.graph"): [9],
+        Site("fw/runner.py", "compiled", "reduce-overhead"): [14],
+    }
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["folder", "wheel"])
+def test_a_doctored_package_fails_on_its_one_unclassified_site(
+    tmp_path: Path, packed: bool
+) -> None:
+    """A package with one site the table lacks fails, naming that site; with its row added, it
+    passes; a row whose site is gone, or a count that changed, fails too."""
+    archive: Path = _tree(tmp_path / "tree")
+    if packed:
+        wheel = tmp_path / "fw-1.0-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as packing:
+            for path in sorted((archive / "fw").iterdir()):
+                packing.write(path, f"fw/{path.name}")
+        archive = wheel
+    sites = scan(archive, "fw")
+
+    def table(*rows: str) -> str:
+        # Text after the table is not read as rows.
+        return TABLE + "".join(rows) + "\nText after the table.\n" + PLUGIN_ROW
+
+    lacking = problems(sites, read_table(table()))
+    complete = problems(sites, read_table(table(PLUGIN_ROW)))
+    stale = problems(sites, read_table(table(PLUGIN_ROW, PLUGIN_ROW.replace("`lazy`", "`gone`"))))
+    miscounted = problems(sites, read_table(table(PLUGIN_ROW.replace("| 1 |", "| 2 |"))))
+    assert (lacking, complete, stale, miscounted) == (
+        ["not classified: fw/plugin.py lazy capture_begin (line 2)"],
+        [],
+        ["no such site any more: fw/plugin.py gone capture_begin"],
+        ["counted 2, found 1: fw/plugin.py lazy capture_begin (line 2)"],
+    )
+
+
+@pytest.mark.parametrize("framework", sorted(TABLES))
+def test_each_tables_windows_and_exemptions_are_the_profiles(framework: str) -> None:
+    """A row classified window names one of its profile's windows; exempt, one of its built-in
+    exemptions whose module holds the site's file; every other row names nothing."""
+    (profile,) = [p for p in PROFILES if p.name == framework]
+    windows = {w.entry for w in profile.windows}
+    places = {place for _, place in profile.exempt}
+    wrong = []
+    for row in read_table(TABLES[framework].read_text()):
+        module = row.site.path.removesuffix(".py").replace("/", ".")
+        if row.classified == "window":
+            ok = row.by in windows
+        elif row.classified == "exempt":
+            ok = row.by in places and (module == row.by or module.startswith(row.by + "."))
+        else:
+            ok = row.by == "-"
+        if not ok:
+            wrong.append(row.site)
+    assert wrong == []
+
+
+def _cache() -> Path:
+    found = os.environ.get("FRAMEWORKS_CACHE")
+    if not found:
+        pytest.skip("FRAMEWORKS_CACHE is not set: the folder of the downloaded framework wheels")
+    return Path(found)
+
+
+@pytest.mark.frameworks
+@pytest.mark.parametrize("framework", sorted(TABLES))
+def test_the_real_wheel_has_no_site_its_table_does_not_classify(framework: str) -> None:
+    """Every capture site in the released wheel's source is classified, counted as found."""
+    wheels = sorted((_cache() / "wheels").glob(WHEELS[framework]))
+    if not wheels:
+        pytest.skip(f"no {WHEELS[framework]} in $FRAMEWORKS_CACHE/wheels")
+    sites = scan(wheels[-1], framework)
+    assert (problems(sites, read_table(TABLES[framework].read_text())), bool(sites)) == ([], True)
