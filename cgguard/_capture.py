@@ -96,6 +96,10 @@ class Probes(NamedTuple):
     current_stream: Callable[[], Any]
     is_current_stream: Callable[[Any], bool]
     stream_captures: Callable[[Any], bool]  # whether a given stream captures
+    # The allocator's statistics of the current device, (device, reserved bytes, allocated
+    # bytes), read once; None where torch has no CUDA allocator (CPU builds), and the probe
+    # answers None while CUDA is not initialised (the simulated runtime).
+    memory: Callable[[], tuple[int, int, int] | None] | None = None
 
 
 def _no(*_: object) -> bool:

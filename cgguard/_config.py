@@ -31,6 +31,7 @@ Action = Literal["raise", "log", "off"]
 LogFormat = Literal["json", "console"]
 LogTarget = Literal["stderr", "file", "logging"]
 Capture = Literal["enabled", "disabled"]
+Metrics = Literal["prometheus"]
 # What Config(exempt=...) takes: "RULE=PLACE" entries (";" between them in one str), (rule,
 # place) pairs, or a mapping of rule to places. It keeps the pairs.
 Exempt = str | Iterable[str | tuple[str, str]] | Mapping[str, str | Iterable[str]] | None
@@ -77,7 +78,11 @@ class Config:
     places. ``exempt_file``: a file of more exemptions, read at install (docs/exemptions.md).
     ``windows``: capture windows, "module:qualname" entries ("," between them in one str):
     once one has been entered and closed, a capture outside every open window breaks
-    capture_disabled (docs/integrations.md#capture-windows).
+    capture_disabled (docs/integrations.md#capture-windows). ``census``: count, time and weigh
+    every capture per site, and torch.compile's skipped cudagraphs (docs/census.md);
+    ``census_replays``: count each graph's replays too, which hooks CUDAGraph.replay.
+    ``metrics``: "prometheus" registers cgguard's counters with prometheus_client's default
+    registry (docs/integrations.md#prometheus-metrics).
     """
 
     # The types are here for type checkers; values and defaults come from cgguard._settings.
@@ -93,6 +98,9 @@ class Config:
     exempt: tuple[tuple[str, str], ...] = dataclasses.field(default=SETTINGS["exempt"].default)
     exempt_file: str | None = dataclasses.field(default=SETTINGS["exempt_file"].default)
     windows: tuple[str, ...] = dataclasses.field(default=SETTINGS["windows"].default)
+    census: bool = dataclasses.field(default=SETTINGS["census"].default)
+    census_replays: bool = dataclasses.field(default=SETTINGS["census_replays"].default)
+    metrics: Metrics | None = dataclasses.field(default=SETTINGS["metrics"].default)
 
     if TYPE_CHECKING:
         # What type checkers see of the __init__ that dataclasses writes: it takes the paths
@@ -111,6 +119,9 @@ class Config:
             exempt: Exempt = ...,
             exempt_file: str | os.PathLike[str] | None = ...,
             windows: Windows = ...,
+            census: bool = ...,
+            census_replays: bool = ...,
+            metrics: Metrics | None = ...,
         ) -> None: ...
 
     def __post_init__(self) -> None:

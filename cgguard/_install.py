@@ -11,7 +11,16 @@ import sys
 import threading
 from typing import TYPE_CHECKING, NamedTuple
 
-from cgguard import _events, _follow, _settings, _startup, _state, _windows
+from cgguard import (
+    _compile_skips,
+    _events,
+    _follow,
+    _metrics,
+    _settings,
+    _startup,
+    _state,
+    _windows,
+)
 from cgguard._checks import API, BEGAN_AT, MODE, THREAD
 from cgguard._config import Config
 from cgguard._errors import ConfigError
@@ -26,10 +35,12 @@ from cgguard._violations import Reporter
 from cgguard._warn import warn_once
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import ModuleType
 
     from cgguard._checks import Record
     from cgguard._frames import FrameInfo
+    from cgguard._schema import CensusReport
     from cgguard._watch import Watcher
     from cgguard._windows import WindowInfo
 
@@ -68,6 +79,8 @@ class Status:
     exemptions: tuple[str, ...] = ()
     # The capture windows declared, each with what it names and its state now.
     windows: tuple[WindowInfo, ...] = ()
+    # Whether the census counts every capture; cgguard.census() says what it has counted.
+    census: bool = False
 
 
 def install(config: Config | None = None) -> None:
@@ -113,6 +126,7 @@ def uninstall() -> None:
         _startup.cancel("torch", PATCH_ON_IMPORT)
         _follow.unfollow_all()  # follow_flag() made before install() too
         _windows.forget_all()
+        _compile_skips.unwatch()
         installation = _state.current
         if installation is None:
             return
@@ -179,7 +193,21 @@ def status() -> Status:
             exempted=reporter.run.tally.totals(),
             exemptions=tuple(_exempt_texts(reporter.exemptions)),
             windows=tuple(_windows.windows()),
+            census=reporter.config.census,
         )
+
+
+def census() -> CensusReport:
+    """What the census has counted in this process, as the JSON report holds it: a dict with
+    ``captures`` (one entry per capture site) and ``cudagraph_skips`` (torch.compile's skipped
+    cudagraphs, per reason and site). Plain values, for a test or a health endpoint; empty
+    lists when cgguard is not installed or the census is off."""
+    with _lock:
+        installation = _state.current
+    if installation is None:
+        return {"captures": [], "cudagraph_skips": []}
+    counted = installation.run.census
+    return {"captures": counted.captures(fresh=True), "cudagraph_skips": counted.skips()}
 
 
 class LeftOpen(NamedTuple):
@@ -244,15 +272,47 @@ def _configure(
         FLAG.set(config.capture == "enabled", None)
     _follow.follow_vllm(config.vllm_bridge)
     _windows.declare(config.windows)
+    if config.metrics is not None:
+        _metrics.start()
     installation.watch(_watchers(config, installation))
+    if config.census:
+        _compile_skips.watch()
+    else:
+        _compile_skips.unwatch()
     return installation, replaced
 
 
 def _watchers(config: Config, installation: Installation) -> tuple[Watcher, ...]:
     """What ``config`` has follow each capture beyond the rules (cgguard._watch), in the
     order they are told: each feature that watches captures adds its own here."""
-    del config, installation
-    return ()
+    watchers: list[Watcher] = []
+    if config.census:
+        watchers.append(_census_watcher(config, installation))
+    return tuple(watchers)
+
+
+def _census_watcher(config: Config, installation: Installation) -> Watcher:
+    """The census's watcher, counting into the run's census (kept across reconfiguration)."""
+    from cgguard._census import CensusWatcher
+
+    def memory() -> Callable[[], tuple[int, int, int] | None] | None:
+        tracker = installation.tracker
+        return tracker.probes.memory if tracker is not None else None
+
+    def changed() -> None:
+        # Read once per capture: a reconfiguration swaps the reporter, and its report, whole.
+        report = installation.reporter.report
+        if report is not None:
+            report.changed(new_site=False)
+
+    metrics = _metrics.start() if config.metrics is not None else None
+    return CensusWatcher(
+        installation.run.census,
+        replays=config.census_replays,
+        memory=memory,
+        changed=changed,
+        counted=metrics.captured if metrics is not None else None,
+    )
 
 
 def _reporter(config: Config, run: Run) -> Reporter:
@@ -311,6 +371,8 @@ def _at_exit() -> None:
         run = reporter.run
         if run.seen() and reporter.log is not None:
             reporter.log.emit(_events.summary(run.ledger, run.tally))
+        if run.census.seen() and reporter.log is not None:
+            reporter.log.emit(_events.census(run.census))
         if reporter.report is not None:
             reporter.report.close()
     except Exception as exc:

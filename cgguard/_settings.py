@@ -104,6 +104,9 @@ SETTINGS: "dict[str, Setting]" = {
         Setting("exempt", EXEMPT, (), "none"),
         Setting("exempt_file", PATH, None, "none"),
         Setting("windows", WINDOWS, (), "none", name="window"),
+        Setting("census", BOOL, True),
+        Setting("census_replays", BOOL, False),
+        Setting("metrics", ("prometheus",), None, "none"),
     )
 }
 

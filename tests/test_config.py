@@ -22,6 +22,9 @@ DEFAULTS = {
     "exempt": (),
     "exempt_file": None,
     "windows": (),
+    "census": True,
+    "census_replays": False,
+    "metrics": None,
 }
 RULES = (
     "capture_disabled",
@@ -57,6 +60,9 @@ def test_every_field_set() -> None:
         exempt="capture_disabled=torch._inductor.",
         exempt_file="/etc/cgguard/exempt",
         windows="vllm.v1.worker.gpu.model_runner:GPUModelRunner.capture_model, pkg:FLAG",
+        census=False,
+        census_replays=True,
+        metrics="prometheus",
     )
     expected = {
         "mode": "log",
@@ -71,6 +77,9 @@ def test_every_field_set() -> None:
         "exempt": (("capture_disabled", "torch._inductor."),),
         "exempt_file": "/etc/cgguard/exempt",
         "windows": ("vllm.v1.worker.gpu.model_runner:GPUModelRunner.capture_model", "pkg:FLAG"),
+        "census": False,
+        "census_replays": True,
+        "metrics": "prometheus",
     }
     assert expected == dataclasses.asdict(config)
 
@@ -436,6 +445,9 @@ def test_from_environ_file_target_without_log_file_warn_false_is_silent(
             "pkg.mod:Runner.capture_model,pkg:on",
             ("pkg.mod:Runner.capture_model", "pkg:on"),
         ),
+        ("census", "0", False),
+        ("census_replays", "yes", True),
+        ("metrics", "Prometheus", "prometheus"),
     ],
 )
 def test_each_field_but_rules_is_read_from_the_variable_named_after_it(

@@ -47,6 +47,9 @@ def test_configuration_names_the_variable_a_value_follows() -> None:
         "  exempt         none         (default)",
         "  exempt_file    none         (default)",
         "  window         none         (default)",
+        "  census         True         (default)",
+        "  census_replays False        (default)",
+        "  metrics        none         (default)",
         "  rule           capture_disabled: log (from CGGUARD_MODE)",
         "  rule           nested_capture: raise (CGGUARD_RULE_NESTED_CAPTURE)",
         # The diagnostics log whatever the mode: their default is their own.

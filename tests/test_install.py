@@ -400,6 +400,7 @@ def test_status_says_what_cgguard_is_doing() -> None:
         captures=(CaptureInfo(threading.get_ident(), "CUDAGraph.capture_begin", "relaxed"),),
         violations={"sync_during_capture": 1},
         config=config,
+        census=True,  # on by default
     )
     # The simulation's device synchronize went with it.
     assert (cgguard.status().captures, cgguard.status().patched) == ((), ENTRY_POINTS + DEVICE_SYNC)

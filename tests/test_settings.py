@@ -254,6 +254,9 @@ def test_runner_options_are_the_settings() -> None:
             "--window=pkg.runner:Runner.capture_model",
             "--window",
             "pkg:FLAG, pkg:var",
+            "--no-census",
+            "--census-replays",
+            "--metrics=prometheus",
         ]
     )
     env = program_environ(options, {})
@@ -271,6 +274,9 @@ def test_runner_options_are_the_settings() -> None:
         "CGGUARD_EXEMPT": "capture_disabled=torch._inductor.;nested_capture=*/kernels.py",
         "CGGUARD_EXEMPT_FILE": os.path.abspath("e"),
         "CGGUARD_WINDOW": "pkg.runner:Runner.capture_model,pkg:FLAG,pkg:var",
+        "CGGUARD_CENSUS": "0",
+        "CGGUARD_CENSUS_REPLAYS": "1",
+        "CGGUARD_METRICS": "prometheus",
     }
     assert [s.field for s in _settings.SETTINGS.values()] == [
         "mode",
@@ -284,6 +290,9 @@ def test_runner_options_are_the_settings() -> None:
         "exempt",
         "exempt_file",
         "windows",
+        "census",
+        "census_replays",
+        "metrics",
     ]
 
 
@@ -328,7 +337,8 @@ def test_unknown_variable_without_a_close_name_lists_the_variables() -> None:
             "ignoring CGGUARD_XYZZY: no such variable; the variables are CGGUARD_ENABLED, "
             "CGGUARD_MODE, CGGUARD_LOG_FORMAT, CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, "
             "CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, "
-            "CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, CGGUARD_RULE_<RULE>"
+            "CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, CGGUARD_CENSUS, "
+            "CGGUARD_CENSUS_REPLAYS, CGGUARD_METRICS, CGGUARD_RULE_<RULE>"
         ],
     )
     assert expected == _settings.read({"CGGUARD_XYZZY": "1"})
@@ -397,7 +407,8 @@ LONG = "x" * 10_000
             "the variables are CGGUARD_ENABLED, CGGUARD_MODE, CGGUARD_LOG_FORMAT, "
             "CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, CGGUARD_REPORT, CGGUARD_CAPTURE, "
             "CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, "
-            "CGGUARD_WINDOW, CGGUARD_RULE_<RULE>",
+            "CGGUARD_WINDOW, CGGUARD_CENSUS, CGGUARD_CENSUS_REPLAYS, "
+            "CGGUARD_METRICS, CGGUARD_RULE_<RULE>",
         ),
     ],
 )
