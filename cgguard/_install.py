@@ -204,7 +204,7 @@ def census() -> CensusReport:
     lists when cgguard is not installed or the census is off."""
     with _lock:
         installation = _state.current
-    if installation is None:
+    if installation is None or not installation.reporter.config.census:
         return {"captures": [], "cudagraph_skips": []}
     counted = installation.run.census
     return {"captures": counted.captures(fresh=True), "cudagraph_skips": counted.skips()}
