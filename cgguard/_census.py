@@ -11,6 +11,7 @@ rest of its work after the capture has ended.
 
 from __future__ import annotations
 
+import collections
 import re
 import threading
 import weakref
@@ -33,6 +34,20 @@ if TYPE_CHECKING:
     # What the allocator says of the current device: (its index, reserved bytes, allocated
     # bytes); None where there is no allocator to ask (the simulated runtime, a CPU build).
     Memory = tuple[int, int, int]
+
+# A capture as the census counts it: (api, mode, thread name, pool, device or None).
+Kind = tuple[str, str, str, str, "str | None"]
+# A capture ended and not yet folded: (where, kind, outcome, error type, seconds, growth,
+# graph).
+Ended = tuple[
+    "tuple[CodeType | None, int]",
+    Kind,
+    str,
+    "str | None",
+    float,
+    "tuple[int, int, int] | None",
+    Any,
+]
 
 REFUSED = OUTCOMES[2]
 
@@ -91,7 +106,7 @@ class CaptureSite:
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
         self.errors: dict[str, int] = {}  # failed captures by the error's type
         # (api, mode, thread name, pool, device) -> captures.
-        self.kinds: dict[tuple[str, str, str, str, str | None], int] = {}
+        self.kinds: dict[Kind, int] = {}
         self.replays = 0
         self.graphs_replayed = 0  # graphs captured here that were replayed at least once
 
@@ -117,7 +132,10 @@ class _Skip:
 class Census:
     """Captures and torch.compile's skipped cudagraphs, per site. Thread-safe.
 
-    ``replays`` says whether replays are counted (the census speaks of them only then).
+    The capture path only appends each ended capture to a bounded queue (``ended``); it is
+    folded into the sites' aggregates by whoever reads them (the report's writer, the summary,
+    census()), or by the capture that finds the queue full. ``replays`` says whether replays
+    are counted (the census speaks of them only then).
     """
 
     def __init__(self) -> None:
@@ -132,6 +150,9 @@ class Census:
         # The site of each graph captured while replays are counted, and whether it has been
         # replayed; weak, so an entry goes with its graph.
         self._graphs: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+        # Captures ended and not yet folded, as Ended tuples: a deque, whose append and
+        # popleft are atomic, so no capture is lost to a fold running on another thread.
+        self.ended: collections.deque[Ended] = collections.deque()
         self.replays = False
 
     def after_fork(self) -> None:
@@ -140,64 +161,83 @@ class Census:
 
     def __len__(self) -> int:
         """How many capture sites have been seen."""
+        self.fold()
         return len(self._sites)
 
     def seen(self) -> bool:
         """Whether anything was counted: a capture or a skipped compiled graph."""
-        return bool(self._sites or self._skips)
+        return bool(self.ended or self._sites or self._skips)
 
-    def capture(  # noqa: PLR0917 - one call per capture: positional costs least
+    def fold(self) -> None:
+        """Count the captures ended since the last fold into their sites."""
+        ended = self.ended
+        if not ended:
+            return
+        with self._lock:
+            while True:
+                try:
+                    item = ended.popleft()
+                except IndexError:
+                    break
+                self._count(*item)
+
+    def capture(  # noqa: PLR0917 - the fold's own call: positional costs least
         self,
         where: tuple[CodeType | None, int],
-        record: Record,
+        kind: Kind,
         outcome: str,
-        error: BaseException | None,
+        error: str | None,
         seconds: float,
-        pool: str,
-        grown: tuple[int, int, int] | None,
+        grown: tuple[int, int, int] | None = None,
         graph: Any = None,
-    ) -> CaptureSite:
+    ) -> None:
         """Count one capture at ``where`` (the user's code and instruction), as it ended.
 
-        ``grown``: (device, reserved growth, allocated growth), where measured. ``graph``:
-        the graph of an ended capture, while replays are counted.
+        ``kind``: (api, mode, thread name, pool, device); ``error``: a failed capture's error
+        type; ``grown``: (device, reserved growth, allocated growth), where measured;
+        ``graph``: the graph of an ended capture, while replays are counted.
         """
+        with self._lock:
+            self._count(where, kind, outcome, error, seconds, grown, graph)
+
+    def _count(  # noqa: PLR0917 - run per capture in the fold's loop
+        self,
+        where: tuple[CodeType | None, int],
+        kind: Kind,
+        outcome: str,
+        error: str | None,
+        seconds: float,
+        grown: tuple[int, int, int] | None,
+        graph: Any,
+    ) -> None:
         code, lasti = where
         key = (id(code), lasti)
-        thread = record[THREAD]
-        kind = (
-            record[API],
-            record[MODE],
-            thread.name,
-            pool,
-            None if grown is None else f"cuda:{grown[0]}",
-        )
-        with self._lock:
-            site = self._sites.get(key)
-            if site is None:
-                site = self._sites[key] = CaptureSite(code, lasti)
-            site.count += 1
-            site.outcomes[outcome] += 1
-            if outcome not in (ABANDONED, REFUSED):
-                # An abandoned capture's time is only how long cgguard took to notice.
-                site.seconds += seconds
-                site.max_seconds = max(site.max_seconds, seconds)
-            if error is not None:
-                name = type(error).__name__
-                site.errors[name] = site.errors.get(name, 0) + 1
-            kinds = site.kinds
-            if kind not in kinds and len(kinds) >= KINDS_MAX:
-                kind = (OTHER, OTHER, OTHER, OTHER, None)
-            kinds[kind] = kinds.get(kind, 0) + 1
-            if grown is not None:
-                site.bytes_reserved = (site.bytes_reserved or 0) + grown[1]
-                site.bytes_allocated = (site.bytes_allocated or 0) + grown[2]
-            if graph is not None:
-                self._graphs[graph] = [site, False]
-        return site
+        site = self._sites.get(key)
+        if site is None:
+            site = self._sites[key] = CaptureSite(code, lasti)
+        site.count += 1
+        site.outcomes[outcome] += 1
+        if outcome not in (ABANDONED, REFUSED):
+            # An abandoned capture's time is only how long cgguard took to notice.
+            site.seconds += seconds
+            site.max_seconds = max(site.max_seconds, seconds)
+        if error is not None:
+            site.errors[error] = site.errors.get(error, 0) + 1
+        if grown is not None:
+            kind = (*kind[:4], f"cuda:{grown[0]}")
+            site.bytes_reserved = (site.bytes_reserved or 0) + grown[1]
+            site.bytes_allocated = (site.bytes_allocated or 0) + grown[2]
+        kinds = site.kinds
+        if kind not in kinds and len(kinds) >= KINDS_MAX:
+            kind = (OTHER, OTHER, OTHER, OTHER, None)
+        kinds[kind] = kinds.get(kind, 0) + 1
+        if graph is not None:
+            self._graphs[graph] = [site, False]
 
     def replayed(self, graph: Any) -> None:
         """Count one replay of ``graph``, if it was captured while replays were counted."""
+        if self.ended:
+            self.fold()  # its capture may not be folded yet
         with self._lock:
             entry = self._graphs.get(graph)
             if entry is None:
@@ -225,6 +265,7 @@ class Census:
         return True
 
     def sites(self) -> list[CaptureSite]:
+        self.fold()
         with self._lock:
             return list(self._sites.values())
 
@@ -234,6 +275,7 @@ class Census:
         A site's entry is the one built last time while its values are unchanged (the report's
         rewrite encodes it once), unless ``fresh``: new values for a caller to keep.
         """
+        self.fold()
         with self._lock:
             sites = [(site, _copy(site)) for site in self._sites.values()]
             replays = self.replays
@@ -294,7 +336,7 @@ def _copy(site: CaptureSite) -> dict[str, Any]:
 
 def entry(top: FrameInfo | None, values: dict[str, Any], *, replays: bool) -> CaptureEntry:
     """One site's entry of the report's ``captures``, from its values."""
-    kinds: dict[tuple[str, str, str, str, str | None], int] = values["kinds"]
+    kinds: dict[Kind, int] = values["kinds"]
     by: list[dict[str, int]] = [{}, {}, {}, {}, {}]
     for kind, count in kinds.items():
         for i, value in enumerate(kind):
@@ -362,7 +404,9 @@ class CensusWatcher(Watcher):
     replay where replays are counted.
 
     ``memory`` gives the memory probe of the capture path once torch is patched (None where
-    there is nothing to ask); ``changed`` is told after each capture is counted (the report).
+    there is nothing to ask); ``changed``, if any, is told after each capture (the report);
+    ``counted`` too (the metrics). Each capture costs two clock readings, a look-up of its
+    frame's code, two tuples and an append: the census is folded where it is read.
     """
 
     def __init__(
@@ -371,54 +415,91 @@ class CensusWatcher(Watcher):
         *,
         replays: bool,
         memory: Callable[[], Callable[[], Memory | None] | None],
-        changed: Callable[[], None],
+        changed: Callable[[], None] | None = None,
         counted: Callable[[str, float, int | None], None] | None = None,
     ) -> None:
         self.census = census
         self.wants_replays = replays
         census.replays = replays
         self._memory = memory
+        self._probe: Any = _UNKNOWN  # the memory probe, asked for at the first capture
         self._changed = changed
-        self._counted = counted  # the metrics, where asked for
+        self._counted = counted
+        # Whether each code object seen is the user's (by id(), holding the code object).
+        self._visible: dict[int, tuple[CodeType, bool]] = {}
 
     def opening(self, graph: Any, record: Record, args: tuple[Any, ...], kwargs: Any) -> Any:
-        where = site_of(record[BEGAN_AT])
-        pool = args[0] if args else kwargs.get("pool") if kwargs else None
-        probe = self._memory()
+        stack = record[BEGAN_AT]
+        where: tuple[CodeType | None, int]
+        if len(stack) == 2 and type(stack[0]) is FrameType:
+            # A with statement's frame: the user's, as a rule. The frame itself is not kept:
+            # its locals may hold tensors.
+            code = stack[0].f_code
+            seen = self._visible.get(id(code))
+            if seen is None:
+                if len(self._visible) >= _CODES_MAX:
+                    self._visible.clear()
+                seen = self._visible[id(code)] = (code, _is_visible(code))
+            where = (code, stack[1]) if seen[1] else site_of(stack)
+        else:
+            where = innermost_visible(stack)
+        probe = self._probe
+        if probe is _UNKNOWN:
+            probe = self._probe = self._memory()
         before = probe() if probe is not None else None
         # Read last: the time is capture_begin's own, and the statistics' read is not in it.
-        kept = graph if self.wants_replays else None
-        return (where, record, pool, kept, probe, before, perf_counter())
+        return (where, record, args, kwargs, graph, probe, before, perf_counter())
 
     def closed(self, token: Any, outcome: str, error: BaseException | None) -> None:
         end = perf_counter()
-        where, record, pool, graph, probe, before, began = token
+        where, record, args, kwargs, graph, probe, before, began = token
         grown = None
-        if before is not None and probe is not None:
+        if before is not None:
             after = probe()
             # The same device at both ends: a capture does not switch devices.
             if after is not None and after[0] == before[0]:
                 grown = (after[0], after[1] - before[1], after[2] - before[2])
-        seconds = end - began
-        self.census.capture(
-            where,
-            record,
-            outcome,
-            error if outcome == FAILED else None,
-            seconds,
-            pool_name(pool),
-            grown,
-            graph if outcome == ENDED else None,
+        pool = args[0] if args else kwargs.get("pool") if kwargs else None
+        # pool_name(), inline: this runs at the end of every capture.
+        named = "private" if pool is None else f"shared {pool!r}"
+        kind = (record[API], record[MODE], record[THREAD].name, named, None)
+        census = self.census
+        census.ended.append(
+            (
+                where,
+                kind,
+                outcome,
+                type(error).__name__ if outcome == FAILED else None,
+                end - began,
+                grown,
+                graph if self.wants_replays and outcome == ENDED else None,
+            )
         )
-        self._changed()
+        if len(census.ended) >= ENDED_MAX:
+            census.fold()
+        if self._changed is not None:
+            self._changed()
         if self._counted is not None:
-            self._counted(outcome, seconds, grown[1] if grown is not None else None)
+            self._counted(outcome, end - began, grown[1] if grown is not None else None)
 
     def refused(self, record: Record) -> None:
-        self.census.capture(site_of(record[BEGAN_AT]), record, REFUSED, None, 0.0, "", None)
-        self._changed()
+        kind = (record[API], record[MODE], record[THREAD].name, "", None)
+        self.census.capture(site_of(record[BEGAN_AT]), kind, REFUSED, None, 0.0)
+        if self._changed is not None:
+            self._changed()
         if self._counted is not None:
             self._counted(REFUSED, 0.0, None)
 
     def replaying(self, graph: Any) -> None:
         self.census.replayed(graph)
+
+
+_UNKNOWN: Any = object()
+# The most captures waiting to be folded, and of code objects remembered: bounded, so that a
+# process whose census is never read, or whose code is made at run time, stays bounded.
+ENDED_MAX = 4096
+_CODES_MAX = 4096
+
+
+def _is_visible(code: CodeType) -> bool:
+    return innermost_visible((code, 0))[0] is not None

@@ -300,7 +300,8 @@ def _census_watcher(config: Config, installation: Installation) -> Watcher:
         return tracker.probes.memory if tracker is not None else None
 
     def changed() -> None:
-        # Read once per capture: a reconfiguration swaps the reporter, and its report, whole.
+        # Read once per capture: a reconfiguration or a fork swaps the reporter, and its
+        # report, whole.
         report = installation.reporter.report
         if report is not None:
             report.changed(new_site=False)
@@ -310,7 +311,8 @@ def _census_watcher(config: Config, installation: Installation) -> Watcher:
         installation.run.census,
         replays=config.census_replays,
         memory=memory,
-        changed=changed,
+        # Without a report, nothing to tell: a call less per capture.
+        changed=changed if config.report is not None else None,
         counted=metrics.captured if metrics is not None else None,
     )
 

@@ -414,10 +414,13 @@ def test_a_forked_child_starts_with_an_empty_census(installed: None) -> None:
 def test_a_hundred_thousand_captures_at_one_site_are_one_aggregate() -> None:
     """Bounded: one site's aggregate, whatever the number of captures there."""
     census = Census()
-    record: Any = (0, threading.current_thread(), "torch.cuda.graph", "global", (), None)
+    kind = ("torch.cuda.graph", "global", "MainThread", "private", None)
     code = test_a_hundred_thousand_captures_at_one_site_are_one_aggregate.__code__
     for _ in range(100_000):
-        census.capture((code, 10), record, "ended", None, 0.001, "private", None)
+        census.ended.append(((code, 10), kind, "ended", None, 0.001, None, None))
+        if len(census.ended) >= _census.ENDED_MAX:
+            census.fold()
+    assert len(census.ended) < _census.ENDED_MAX  # what waits to be folded is bounded too
     (site,) = census.sites()
     assert (len(census), site.count, site.outcomes["ended"], len(site.kinds)) == (
         1,
@@ -432,13 +435,9 @@ def test_distinct_kinds_at_a_site_are_bounded() -> None:
     census = Census()
     code = test_distinct_kinds_at_a_site_are_bounded.__code__
 
-    class Named:
-        def __init__(self, name: str) -> None:
-            self.name = name
-
     for i in range(_census.KINDS_MAX + 10):
-        record: Any = (0, Named(f"t{i}"), "torch.cuda.graph", "global", (), None)
-        census.capture((code, 10), record, "ended", None, 0.0, "private", None)
+        kind = ("torch.cuda.graph", "global", f"t{i}", "private", None)
+        census.capture((code, 10), kind, "ended", None, 0.0)
     (entry,) = census.captures()
     assert (len(entry["threads"]), entry["threads"]["other"]) == (_census.KINDS_MAX + 1, 10)
 
