@@ -482,3 +482,25 @@ def test_distinct_skips_are_bounded_and_each_keeps_its_first_message() -> None:
         2,
         "skipping cudagraphs due to cpu device (arg0_1)",
     )
+
+
+@pytest.mark.subprocess
+def test_the_probe_prints_a_census_of_its_own_captures() -> None:
+    """probe --census: three captures at one site; on the simulated runtime it says so, and
+    bytes are not measured."""
+    result = subprocess.run(
+        [sys.executable, "-m", "cgguard.testing.probe", "--census"],
+        env=child_environ(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    where = "on cgguard's simulated CUDA runtime (no GPU; not a GPU result)"
+    assert lines[0] == f"census of the probe's own captures, {where}:"
+    assert lines[1].startswith("  3 captures at 1 sites, ")
+    assert lines[1].endswith(" s, bytes not measured; 0 compiled graphs skipped")
+    assert lines[2].startswith("  <cgguard census probe>:6 (in capture): 3 captures (ended 3), ")
+    assert lines[2].endswith(" s, bytes not measured; devices None")
