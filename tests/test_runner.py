@@ -451,7 +451,8 @@ def test_environment_of_the_program(tmp_path: Path, old: str | None, expected: s
         b"cgguard: ignoring CGGUARD_OTHER: no such variable; the variables are CGGUARD_ENABLED, "
         b"CGGUARD_MODE, CGGUARD_LOG_FORMAT, CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, "
         b"CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, "
-        b"CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, CGGUARD_RULE_<RULE>\n",
+        b"CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, CGGUARD_CENSUS, "
+        b"CGGUARD_CENSUS_REPLAYS, CGGUARD_METRICS, CGGUARD_RULE_<RULE>\n",
     )
     assert {
         **plain_environ,
@@ -1094,6 +1095,9 @@ def test_program_importing_torch_is_guarded_as_configured(tmp_path: Path) -> Non
             "exempt": [],
             "exempt_file": None,
             "windows": [],
+            "census": True,
+            "census_replays": False,
+            "metrics": None,
         },
         "capture_enabled": False,
     }
@@ -1120,7 +1124,8 @@ def test_program_importing_torch_is_guarded_as_configured(tmp_path: Path) -> Non
         ],
     }
     logged = [json.loads(line) for line in (tmp_path / "cgg.log").read_text().splitlines()]
-    expected_log = (["cgguard.capture_violation", "cgguard.summary"], event)
+    # The capture went ahead in log mode: the census counts it at exit.
+    expected_log = (["cgguard.capture_violation", "cgguard.summary", "cgguard.census"], event)
     assert expected_log == (
         [e["event"] for e in logged],
         {field: logged[0].get(field) for field in fields},
@@ -1168,6 +1173,9 @@ def test_info_reports_versions_configuration_and_activation(tmp_path: Path) -> N
         "  exempt         none         (default)",
         "  exempt_file    none         (default)",
         "  window         none         (default)",
+        "  census         True         (default)",
+        "  census_replays False        (default)",
+        "  metrics        none         (default)",
         "  rule           capture_disabled: log (from CGGUARD_MODE)",
         "  rule           nested_capture: log (from CGGUARD_MODE)",
         "  rule           concurrent_capture: log (default)",
