@@ -74,6 +74,7 @@ class CaptureSite:
 
     __slots__ = (
         "_top",
+        "built",
         "bytes_allocated",
         "bytes_reserved",
         "code",
@@ -87,7 +88,7 @@ class CaptureSite:
         "outcomes",
         "replays",
         "seconds",
-        "values",
+        "version",
     )
 
     def __init__(self, code: CodeType | None, lasti: int) -> None:
@@ -97,7 +98,8 @@ class CaptureSite:
         # The report's entry as last built, and the values it was built from: a report rewrite
         # takes it as it was while they hold (cgguard._report_file encodes it once).
         self.entry: CaptureEntry | None = None
-        self.values: dict[str, Any] | None = None
+        self.version = 0  # counts each change, so that an unchanged site is not copied
+        self.built = -1  # the version its entry was built from
         self.count = 0
         self.seconds = 0.0
         self.max_seconds = 0.0
@@ -216,6 +218,7 @@ class Census:
         if site is None:
             site = self._sites[key] = CaptureSite(code, lasti)
         site.count += 1
+        site.version += 1
         site.outcomes[outcome] += 1
         if outcome not in (ABANDONED, REFUSED):
             # An abandoned capture's time is only how long cgguard took to notice.
@@ -244,6 +247,7 @@ class Census:
                 return
             site = entry[0]
             site.replays += 1
+            site.version += 1
             if not entry[1]:
                 entry[1] = True
                 site.graphs_replayed += 1
@@ -277,15 +281,20 @@ class Census:
         """
         self.fold()
         with self._lock:
-            sites = [(site, _copy(site)) for site in self._sites.values()]
+            # Only the sites changed since their entry was built are copied: a report of
+            # thousands of sites is rewritten while new ones come.
+            sites = [
+                (site, site.version, None if _built(site, fresh) else _copy(site))
+                for site in self._sites.values()
+            ]
             replays = self.replays
         out = []
-        for site, values in sites:
+        for site, version, values in sites:
             built = site.entry
-            if fresh or built is None or site.values != values:
-                built = entry(site.frame(), values, replays=replays)
+            if values is not None or built is None:
+                built = entry(site.frame(), values or _copy(site), replays=replays)
                 if not fresh:
-                    site.entry, site.values = built, values
+                    site.entry, site.built = built, version
             out.append(built)
         return out
 
@@ -316,6 +325,11 @@ def _frame(code: CodeType | None, lasti: int) -> FrameInfo | None:
         return None
     frames = render((code, lasti))
     return frames[-1] if frames else None
+
+
+def _built(site: CaptureSite, fresh: bool) -> bool:
+    """Whether ``site``'s entry, as last built, holds its values now."""
+    return not fresh and site.entry is not None and site.built == site.version
 
 
 def _copy(site: CaptureSite) -> dict[str, Any]:

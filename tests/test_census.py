@@ -504,3 +504,16 @@ def test_the_probe_prints_a_census_of_its_own_captures() -> None:
     assert lines[1].endswith(" s, bytes not measured; 0 compiled graphs skipped")
     assert lines[2].startswith("  <cgguard census probe>:6 (in capture): 3 captures (ended 3), ")
     assert lines[2].endswith(" s, bytes not measured; devices None")
+
+
+def test_the_reports_entries_follow_each_change_of_their_site(installed: None) -> None:
+    """An entry built for the report is reused only while its site is unchanged."""
+    installation = _state.current
+    assert installation is not None
+    census = installation.run.census
+    captured()
+    first = census.captures()
+    assert census.captures()[0] is first[0]  # unchanged: the same entry, encoded once
+    captured()
+    (entry,) = census.captures()
+    assert (first[0]["count"], entry["count"], entry["outcomes"]) == (1, 2, outcomes(ended=2))
