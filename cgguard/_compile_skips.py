@@ -50,6 +50,11 @@ class CountingCounter(collections.Counter[str]):
         if _watching and isinstance(value, int) and value > before:
             _skipped(sys._getframe(1), value - before)
 
+    def __reduce__(self) -> tuple[type[collections.Counter[str]], tuple[dict[str, int]]]:
+        # Pickled (torch's compile workers, its metrics) as the plain Counter torch made: a
+        # process without cgguard reads it.
+        return collections.Counter, (dict(self),)
+
 
 def watch() -> None:
     """Count skipped cudagraphs from now on: at once if torch._dynamo.utils is imported,

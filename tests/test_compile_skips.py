@@ -102,6 +102,15 @@ def test_uninstall_gives_torch_plain_counters_back(fake_utils: types.ModuleType)
     assert dict(counters["inductor"]) == {"fxgraph_cache_miss": 1, "cudagraph_skips": 1}
 
 
+def test_the_counting_counters_pickle_as_torchs_own(fake_utils: types.ModuleType) -> None:
+    """Pickled, the "inductor" counters are a plain Counter with torch's counts."""
+    import pickle
+
+    counters: Any = fake_utils.counters
+    copied = pickle.loads(pickle.dumps(counters["inductor"]))  # noqa: S301 - made just above
+    assert (type(copied), copied) == (collections.Counter, {"fxgraph_cache_miss": 1})
+
+
 def test_without_the_census_nothing_is_hooked(fake_utils: types.ModuleType) -> None:
     """census=False: torch's counters are plain."""
     cgguard.install(cgguard.Config(log_file=os.devnull, census=False))
