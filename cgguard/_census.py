@@ -511,7 +511,7 @@ class CensusWatcher(Watcher):
 _UNKNOWN: Any = object()
 # The most captures waiting to be folded, and of code objects remembered: bounded, so that a
 # process whose census is never read, or whose code is made at run time, stays bounded.
-ENDED_MAX = 4096
+ENDED_MAX = 1024
 _CODES_MAX = 4096
 
 
