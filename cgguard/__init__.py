@@ -30,7 +30,7 @@ if TYPE_CHECKING:
         set_capture_enabled,
     )
     from cgguard._follow import follow_flag
-    from cgguard._install import Status, install, is_installed, status, uninstall
+    from cgguard._install import Status, census, install, is_installed, status, uninstall
     from cgguard._version import __version__
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "__version__",
     "capture_disabled",
     "capture_enabled",
+    "census",
     "follow_flag",
     "install",
     "is_capture_enabled",
@@ -77,6 +78,7 @@ _HOMES = {
     "capture_enabled": "_flag",
     "is_capture_enabled": "_flag",
     "set_capture_enabled": "_flag",
+    "census": "_install",
     "install": "_install",
     "is_installed": "_install",
     "status": "_install",

@@ -96,6 +96,10 @@ class Probes(NamedTuple):
     current_stream: Callable[[], Any]
     is_current_stream: Callable[[Any], bool]
     stream_captures: Callable[[Any], bool]  # whether a given stream captures
+    # The allocator's statistics of the current device, (device, reserved bytes, allocated
+    # bytes), read once; None where torch has no CUDA allocator (CPU builds), and the probe
+    # answers None while CUDA is not initialised (the simulated runtime).
+    memory: Callable[[], tuple[int, int, int] | None] | None = None
 
 
 def _no(*_: object) -> bool:
@@ -665,8 +669,13 @@ def _tell(method: Callable[..., object], *args: Any) -> None:
 
 
 def _close(tokens: Tokens, outcome: str, error: BaseException | None) -> None:
+    # Not through _tell: this runs at the end of every capture, and a call less is part of
+    # what keeps a watcher's cost within the capture path's budget.
     for watcher, token in tokens:
-        _tell(watcher.closed, token, outcome, error)
+        try:
+            watcher.closed(token, outcome, error)
+        except Exception as exc:
+            warn_once("watch:closed", f"internal error while watching a capture: {exc!r}")
 
 
 def _accelerator_mode(graph: Any) -> str:

@@ -33,6 +33,7 @@ LogFormat = Literal["json", "console"]
 LogTarget = Literal["stderr", "file", "logging"]
 Capture = Literal["enabled", "disabled"]
 Profiles = Literal["log", "raise", "off"]
+Metrics = Literal["prometheus"]
 # What Config(exempt=...) takes: "RULE=PLACE" entries (";" between them in one str), (rule,
 # place) pairs, or a mapping of rule to places. It keeps the pairs.
 Exempt = str | Iterable[str | tuple[str, str]] | Mapping[str, str | Iterable[str]] | None
@@ -83,10 +84,15 @@ class Config:
     profiles of vLLM, SGLang and TensorRT-LLM, each switched on when its framework's modules
     are imported: "log" (their refusals are logged even in raise mode), "raise" (the mode and
     the rules decide, as for any window) or "off" (docs/integrations.md#built-in-profiles).
-    capture_disabled (docs/integrations.md#capture-windows). ``inspect``: watch each capture
+    ``inspect``: watch each capture
     op by op and each replay of the graphs it made (implicit_sync, dead_input,
     rng_during_capture; docs/inspection.md). ``inspect_first``: inspect only the first N
     captures of each site (None: all).
+    ``census``: count, time and weigh
+    every capture per site, and torch.compile's skipped cudagraphs (docs/census.md);
+    ``census_replays``: count each graph's replays too, which hooks CUDAGraph.replay.
+    ``metrics``: "prometheus" registers cgguard's counters with prometheus_client's default
+    registry (docs/integrations.md#prometheus-metrics).
     """
 
     # The types are here for type checkers; values and defaults come from cgguard._settings.
@@ -105,6 +111,9 @@ class Config:
     profiles: Profiles = dataclasses.field(default=SETTINGS["profiles"].default)
     inspect: bool = dataclasses.field(default=SETTINGS["inspect"].default)
     inspect_first: int | None = dataclasses.field(default=SETTINGS["inspect_first"].default)
+    census: bool = dataclasses.field(default=SETTINGS["census"].default)
+    census_replays: bool = dataclasses.field(default=SETTINGS["census_replays"].default)
+    metrics: Metrics | None = dataclasses.field(default=SETTINGS["metrics"].default)
 
     if TYPE_CHECKING:
         # What type checkers see of the __init__ that dataclasses writes: it takes the paths
@@ -126,6 +135,9 @@ class Config:
             profiles: Profiles = ...,
             inspect: bool = ...,
             inspect_first: int | None = ...,
+            census: bool = ...,
+            census_replays: bool = ...,
+            metrics: Metrics | None = ...,
         ) -> None: ...
 
     def __post_init__(self) -> None:

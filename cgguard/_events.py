@@ -12,20 +12,24 @@ from typing import TYPE_CHECKING, cast
 
 from cgguard._frames import render, where
 from cgguard._rules import RULES, Cause
-from cgguard._schema import RANK_KEYS
+from cgguard._schema import RANK_KEYS, REPORT_SCHEMA
 from cgguard._version import __version__, distribution_version
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from cgguard._census import Census
     from cgguard._config import Config
     from cgguard._frames import FrameInfo, Snapshot
     from cgguard._ledger import Ledger, Site, Tally
     from cgguard._schema import (
+        CaptureEntry,
+        CensusEvent,
         ExemptedEvent,
         ReportDocument,
         ReportViolation,
         SiteCount,
+        SkipEntry,
         SummaryEvent,
         ViolationEvent,
     )
@@ -176,14 +180,76 @@ def _torch_version() -> str | None:
     return distribution_version("torch")
 
 
-def document(config: Config, ledger: Ledger, exempt: Tally | None = None) -> ReportDocument:
-    """The JSON report as a JSON-ready value."""
+# The exit summary names at most this many capture sites, the slowest first.
+TOP_SITES = 5
+
+
+def census_totals(
+    captures: list[CaptureEntry], skips: list[SkipEntry], *, replays: bool
+) -> dict[str, object]:
+    """The census's totals: captures, sites, seconds, bytes (null where nothing was measured),
+    outcomes, skipped compiled graphs, and graphs never replayed where replays are counted."""
+    outcomes: dict[str, int] = {}
+    for site in captures:
+        for outcome, count in site["outcomes"].items():
+            outcomes[outcome] = outcomes.get(outcome, 0) + count
+    measured = [site for site in captures if site["bytes_reserved"] is not None]
+    totals: dict[str, object] = {
+        "captures": sum(site["count"] for site in captures),
+        "sites": len(captures),
+        "seconds": round(sum(site["seconds"] for site in captures), 9),
+        "bytes_reserved": sum(s["bytes_reserved"] or 0 for s in measured) if measured else None,
+        "bytes_allocated": sum(s["bytes_allocated"] or 0 for s in measured) if measured else None,
+        "outcomes": outcomes,
+        "cudagraph_skips": sum(skip["count"] for skip in skips),
+    }
+    if replays:
+        totals["never_replayed"] = sum(site.get("never_replayed", 0) for site in captures)
+    return totals
+
+
+def census_line(totals: dict[str, object]) -> str:
+    """The census's totals as the summary's one line."""
+    grown = totals["bytes_reserved"]
+    weight = "bytes not measured" if grown is None else f"{grown} bytes reserved"
+    line = (
+        f"{totals['captures']} captures at {totals['sites']} sites, {totals['seconds']:.6f} s, "
+        f"{weight}; {totals['cudagraph_skips']} compiled graphs skipped"
+    )
+    if "never_replayed" in totals:
+        line += f"; {totals['never_replayed']} graphs never replayed"
+    return line
+
+
+def census(counted: Census) -> CensusEvent:
+    """The ``cgguard.census`` event: the totals, in one line and as values, and the top sites."""
+    captures, skips = counted.captures(), counted.skips()
+    totals = census_totals(captures, skips, replays=counted.replays)
+    top = sorted(captures, key=lambda site: -site["seconds"])[:TOP_SITES]
+    event: dict[str, object] = {
+        "event": "cgguard.census",
+        "level": "info",
+        "message": census_line(totals),
+        "pid": os.getpid(),
+    }
+    event.update(ranks())
+    event.update(
+        timestamp=timestamp(time.time()), totals=totals, captures=top, cudagraph_skips=skips
+    )
+    return cast("CensusEvent", event)
+
+
+def document(
+    config: Config, ledger: Ledger, exempt: Tally | None = None, counted: Census | None = None
+) -> ReportDocument:
+    """The JSON report as a JSON-ready value; with the census's sections where it is on."""
     violations: list[ReportViolation] = [
         {"rule": site.rule, "count": site.count, "first": cast("ViolationEvent", site.first)}
         for site in ledger.sites()
         if site.first is not None
     ]
     doc: dict[str, object] = {
+        "schema": REPORT_SCHEMA,
         "cgguard": __version__,
         "python": platform.python_version(),
         "torch": _torch_version(),
@@ -203,4 +269,6 @@ def document(config: Config, ledger: Ledger, exempt: Tally | None = None) -> Rep
             if s.first is not None
         ],
     )
+    if counted is not None and config.census:
+        doc.update(captures=counted.captures(), cudagraph_skips=counted.skips())
     return cast("ReportDocument", doc)

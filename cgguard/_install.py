@@ -11,7 +11,17 @@ import sys
 import threading
 from typing import TYPE_CHECKING, NamedTuple
 
-from cgguard import _events, _follow, _profiles, _settings, _startup, _state, _windows
+from cgguard import (
+    _compile_skips,
+    _events,
+    _follow,
+    _metrics,
+    _profiles,
+    _settings,
+    _startup,
+    _state,
+    _windows,
+)
 from cgguard._checks import API, BEGAN_AT, MODE, THREAD
 from cgguard._config import Config
 from cgguard._errors import ConfigError
@@ -26,11 +36,13 @@ from cgguard._violations import Reporter
 from cgguard._warn import warn_once
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import ModuleType
 
     from cgguard._checks import Record
     from cgguard._frames import FrameInfo
     from cgguard._profiles import ProfileInfo
+    from cgguard._schema import CensusReport
     from cgguard._watch import Watcher
     from cgguard._windows import WindowInfo
 
@@ -71,6 +83,8 @@ class Status:
     windows: tuple[WindowInfo, ...] = ()
     # The built-in profiles: each with its state, its windows and its exemptions.
     profiles: tuple[ProfileInfo, ...] = ()
+    # Whether the census counts every capture; cgguard.census() says what it has counted.
+    census: bool = False
 
 
 def install(config: Config | None = None) -> None:
@@ -117,6 +131,7 @@ def uninstall() -> None:
         _follow.unfollow_all()  # follow_flag() made before install() too
         _windows.forget_all()
         _profiles.switch(False)
+        _compile_skips.unwatch()
         installation = _state.current
         if installation is None:
             return
@@ -189,7 +204,21 @@ def status() -> Status:
             exemptions=tuple(_exempt_texts(reporter.exemptions)),
             windows=tuple(_windows.windows()),
             profiles=tuple(_profiles.profiles()),
+            census=reporter.config.census,
         )
+
+
+def census() -> CensusReport:
+    """What the census has counted in this process, as the JSON report holds it: a dict with
+    ``captures`` (one entry per capture site) and ``cudagraph_skips`` (torch.compile's skipped
+    cudagraphs, per reason and site). Plain values, for a test or a health endpoint; empty
+    lists when cgguard is not installed or the census is off."""
+    with _lock:
+        installation = _state.current
+    if installation is None or not installation.reporter.config.census:
+        return {"captures": [], "cudagraph_skips": []}
+    counted = installation.run.census
+    return {"captures": counted.captures(fresh=True), "cudagraph_skips": counted.skips()}
 
 
 class LeftOpen(NamedTuple):
@@ -255,7 +284,13 @@ def _configure(
     _follow.follow_vllm(config.vllm_bridge)
     _windows.declare(config.windows)
     _profiles.switch(config.profiles != "off")
+    if config.metrics is not None:
+        _metrics.start()
     installation.watch(_watchers(config, installation))
+    if config.census:
+        _compile_skips.watch()
+    else:
+        _compile_skips.unwatch()
     return installation, replaced
 
 
@@ -263,11 +298,39 @@ def _watchers(config: Config, installation: Installation) -> tuple[Watcher, ...]
     """What ``config`` has follow each capture beyond the rules (cgguard._watch), in the
     order they are told: each feature that watches captures adds its own here."""
     watchers: list[Watcher] = []
+    if config.census:
+        watchers.append(_census_watcher(config, installation))
     if config.inspect:
         from cgguard._inspect import Inspector
 
         watchers.append(Inspector(installation, config.inspect_first))
     return tuple(watchers)
+
+
+def _census_watcher(config: Config, installation: Installation) -> Watcher:
+    """The census's watcher, counting into the run's census (kept across reconfiguration)."""
+    from cgguard._census import CensusWatcher
+
+    def memory() -> Callable[[], tuple[int, int, int] | None] | None:
+        tracker = installation.tracker
+        return tracker.probes.memory if tracker is not None else None
+
+    def changed() -> None:
+        # Read once per capture: a reconfiguration or a fork swaps the reporter, and its
+        # report, whole.
+        report = installation.reporter.report
+        if report is not None:
+            report.changed(new_site=False)
+
+    metrics = _metrics.start() if config.metrics is not None else None
+    return CensusWatcher(
+        installation.run.census,
+        replays=config.census_replays,
+        memory=memory,
+        # Without a report, nothing to tell: a call less per capture.
+        changed=changed if config.report is not None else None,
+        counted=metrics.captured if metrics is not None else None,
+    )
 
 
 def _reporter(config: Config, run: Run) -> Reporter:
@@ -331,6 +394,8 @@ def _at_exit() -> None:
         run = reporter.run
         if run.seen() and reporter.log is not None:
             reporter.log.emit(_events.summary(run.ledger, run.tally))
+        if run.census.seen() and reporter.log is not None:
+            reporter.log.emit(_events.census(run.census))
         if reporter.report is not None:
             reporter.report.close()
     except Exception as exc:

@@ -96,7 +96,9 @@ class Installation:
         the fork would never be released here.
         """
         old = self.reporter
-        run = Run()
+        census = old.run.census
+        census.after_fork()
+        run = Run(census)
         report = ReportFile(old.config, run, write_now=False) if old.report is not None else None
         exemptions = Exemptions(old.exemptions.pairs) if old.exemptions is not None else None
         self.reporter = Reporter(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
+from cgguard._census import Census
 from cgguard._frames import render
 
 if TYPE_CHECKING:
@@ -122,17 +123,21 @@ class Tally(Sites):
 
 
 class Run:
-    """What a run has seen: its violations and the captures exemptions let through.
+    """What a run has seen: its violations, the captures exemptions let through, and the
+    census of every capture (cgguard._census).
 
     Kept when install() switches configuration, and made anew in a forked child, which reports
     its own violations: reports summed across a job must not count the parent's twice.
     """
 
-    __slots__ = ("ledger", "tally")
+    __slots__ = ("census", "ledger", "tally")
 
-    def __init__(self) -> None:
+    def __init__(self, census: Census | None = None) -> None:
         self.ledger = Ledger()
         self.tally = Tally()
+        # A forked child's run keeps the census object, emptied, since the capture path's
+        # watcher holds it (Installation.after_fork).
+        self.census = census if census is not None else Census()
 
     def seen(self) -> bool:
         """Whether anything was counted."""

@@ -153,6 +153,41 @@ def _stacks_as_text(_: object, __: str, event_dict: MutableMapping[str, Any]) ->
     return event_dict
 
 
+def _census_as_text(_: object, __: str, event_dict: MutableMapping[str, Any]) -> Any:
+    """The census's sites as lines below its one line of totals, for a person."""
+    if event_dict.get("event") != "cgguard.census":
+        return event_dict
+    event_dict.pop("totals", None)
+    lines = ["top capture sites (by seconds):"]
+    for site in event_dict.pop("captures", None) or []:
+        lines.append(f"  {census_site_line(site)}")
+    skips = event_dict.pop("cudagraph_skips", None) or []
+    if skips:
+        lines.append("torch.compile's skipped cudagraphs:")
+        lines += [
+            f"  {safe(str(skip['reason']))}: {skip['count']} at "
+            f"{safe(str(skip['file']))}:{skip['line']} (in {safe(str(skip['function']))})"
+            for skip in skips
+        ]
+    event_dict["stack"] = "\n".join(lines)
+    return event_dict
+
+
+def census_site_line(site: Mapping[str, Any]) -> str:
+    """One capture site of the census, in a line: where, how many, how long, how it ended."""
+    outcomes = ", ".join(f"{k} {v}" for k, v in site["outcomes"].items() if v)
+    weight = (
+        "bytes not measured"
+        if site["bytes_reserved"] is None
+        else f"{site['bytes_reserved']} bytes reserved"
+    )
+    replays = f", {site['replays']} replays" if "replays" in site else ""
+    return (
+        f"{safe(str(site['file']))}:{site['line']} (in {safe(str(site['function']))}): "
+        f"{site['count']} captures ({outcomes}), {site['seconds']:.6f} s, {weight}{replays}"
+    )
+
+
 class _Quoted:
     """A field's text that a terminal would act on: the console shows it as repr() writes it.
 
@@ -194,7 +229,12 @@ def console_processors(colors: bool) -> list[Processor]:
     """The processors that render an event for a person."""
     import structlog
 
-    return [_stacks_as_text, _safe_fields, structlog.dev.ConsoleRenderer(colors=colors)]
+    return [
+        _stacks_as_text,
+        _census_as_text,
+        _safe_fields,
+        structlog.dev.ConsoleRenderer(colors=colors),
+    ]
 
 
 def json_processors() -> list[Processor]:

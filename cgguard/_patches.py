@@ -108,6 +108,7 @@ def patch_torch(installation: Installation) -> None:
         current_stream=lambda: cuda.current_stream(),  # noqa: PLW0108 - looked up per call
         is_current_stream=lambda stream: bool(stream == cuda.current_stream()),
         stream_captures=lambda stream: _stream_captures(cuda, stream),
+        memory=_memory_probe(cuda),
     )
     tracker = Tracker(probes, installation.reporter, flag=FLAG, follows=FOLLOWED)
     patches = installation.patches
@@ -131,6 +132,34 @@ def patch_torch(installation: Installation) -> None:
         installation.replay.restore()
         patches.restore()
         raise
+
+
+def _memory_probe(cuda: ModuleType) -> Callable[[], tuple[int, int, int] | None] | None:
+    """The census's reading of the allocator on the current device, or None on a CPU build.
+
+    One call of torch's statistics (``torch._C._cuda_memoryStats``, what
+    ``memory_stats_as_nested_dict`` returns): ``memory_reserved()`` and ``memory_allocated()``
+    each build and flatten the whole dict. No synchronize: the allocator's counts are the host's
+    own bookkeeping. Nothing while CUDA is not initialised: the simulated runtime never is.
+    """
+    c_module = sys.modules["torch._C"]
+    stats = getattr(c_module, "_cuda_memoryStats", None)
+    get_device = getattr(c_module, "_cuda_getDevice", None)
+    if stats is None or get_device is None:
+        return None
+
+    def memory() -> tuple[int, int, int] | None:
+        if not cuda.is_initialized():
+            return None
+        device = get_device()
+        found = stats(device)
+        return (
+            device,
+            int(found["reserved_bytes"]["all"]["current"]),
+            int(found["allocated_bytes"]["all"]["current"]),
+        )
+
+    return memory
 
 
 def _stream_captures(cuda: ModuleType, stream: Any) -> bool:

@@ -52,7 +52,7 @@ OWNER = REPORT_OWNER
 
 
 # The document's lists of sites, whose entries are kept encoded between writes.
-_SITE_LISTS = ("violations", "exempted")
+_SITE_LISTS = ("violations", "exempted", "captures")
 
 
 def _indented(value: object, level: int) -> str:
@@ -75,6 +75,7 @@ class ReportFile:
         self.config = config
         self.ledger = run.ledger
         self.exempt = run.tally  # captures let through by exemptions, counted beside the ledger
+        self.census = run.census  # every capture, per site (cgguard._census)
         # Resolved once: a program that changes directory must not scatter its reports.
         self.template = os.path.abspath(config.report)
         self.job: str | None = None  # the run sharing this path, where the path has no {pid}
@@ -138,7 +139,7 @@ class ReportFile:
             with self._lock:
                 if not self._may_replace(path):
                     return
-                body = document(self.config, self.ledger, self.exempt)
+                body = document(self.config, self.ledger, self.exempt, self.census)
                 if self.job is not None:
                     body["job"] = self.job
                 text = self._encode(cast("dict[str, object]", body)) + "\n"
@@ -173,6 +174,9 @@ class ReportFile:
                 entries = []
                 for entry in value:
                     first = entry.get("first") if isinstance(entry, dict) else None
+                    if first is None and key == "captures":
+                        # A census site's entry is the same object while its values hold.
+                        first = entry
                     if first is None:
                         entries.append(_indented(entry, 2))
                         continue

@@ -18,6 +18,7 @@ import stat
 import sys
 from typing import TYPE_CHECKING, Any, TextIO, TypedDict
 
+from cgguard._census_merge import CensusMerge, site_text, skip_text
 from cgguard._frames import format_frames, where
 from cgguard._log import format_stacks
 from cgguard._rules import NAMES
@@ -25,6 +26,7 @@ from cgguard._schema import RANK_KEYS, REPORT_SCHEMA, ReportDocument
 from cgguard._schema import problem as schema_problem
 from cgguard._settings import shown as quoted
 from cgguard._text import markdown, safe, shown
+from cgguard._watch import OUTCOMES
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -37,6 +39,8 @@ _GLOB_MAGIC = ("*", "?", "[")
 # The most of one report read, unless --max-bytes says otherwise: a report of a million sites
 # is about 400 MB, and anything larger is more likely a wrong path than a report.
 MAX_BYTES = 1 << 30
+# The census's sections, read from reports of schema 2 on.
+_SINCE_SCHEMA_2 = ("captures", "cudagraph_skips")
 
 
 class ReportError(Exception):
@@ -126,6 +130,7 @@ class Merged:
         self.written: tuple[str, str] | None = None  # the first and last written_at
         self.skipped: list[Skipped] = []
         self.same_process: list[SameProcess] = []
+        self.census = CensusMerge()  # the reports' captures and skipped compiled graphs
 
 
 # --- finding and reading the reports -------------------------------------------------------
@@ -318,6 +323,11 @@ def _parsed(
         raise ReportError(f"{quoted(path)}: {message}") from None
     except ValueError as exc:
         raise ReportError(f"{quoted(path)}: not a cgguard report: not JSON ({exc})") from None
+    if isinstance(document, dict) and document.get("schema", 1) == 1:
+        # Keys that schema 2 gave a meaning are another writer's in a report of schema 1:
+        # unknown keys, let through and not read.
+        for key in _SINCE_SCHEMA_2:
+            document.pop(key, None)
     problem = schema_problem(document, ReportDocument) or _contradiction(document)
     if problem is not None:
         raise ReportError(f"{quoted(path)}: not a cgguard report: {problem}")
@@ -389,6 +399,13 @@ def merge(reports: Iterable[tuple[str, dict[str, Any]]], skipped: Sequence[Skipp
             if site is None:
                 site = exempted[key] = Site(entry["rule"], top, entry["first"], entry["exemption"])
             site.add(process, entry["count"], entry["first"])
+        merged.census.add(
+            process["host"],
+            process["pid"],
+            process["rank"],
+            document.get("captures", ()),
+            document.get("cudagraph_skips", ()),
+        )
         del document  # what merge keeps of it is in its sites
     processes = merged.processes
     processes.sort(key=_process_order)
@@ -504,6 +521,13 @@ def _site_order(site: Site) -> tuple[object, ...]:
 def _site_line(top: FrameInfo | None) -> str:
     """A site's frame as one-line messages name it, shown safe."""
     return safe(where([top])) if top else "an unknown site"
+
+
+def _place_line(entry: Mapping[str, Any]) -> str:
+    """A census entry's place, as _site_line shows a site's frame."""
+    if entry["file"] is None:
+        return "an unknown site"
+    return safe(f"{entry['file']}:{entry['line']} (in {entry['function']})")
 
 
 def _who(process: Process) -> str:
@@ -626,6 +650,16 @@ def render_text(merged: Merged) -> Iterator[str]:
         yield "\nexempted:\n"
         for site in merged.exempted:
             yield f"  {_exempted_line(site)}\n"
+    census = merged.census.summary()
+    if census:
+        yield f"\n{census}\n"
+        for entry in merged.census.captures():
+            yield f"  {site_text(entry)}\n"
+        skips = merged.census.cudagraph_skips()
+        if skips:
+            yield "torch.compile's skipped cudagraphs:\n"
+            for skip in skips:
+                yield f"  {skip_text(skip)}\n"
     yield "\nprocesses:\n"
     for process in merged.processes:
         yield f"  {_process_line(process)}\n"
@@ -665,7 +699,13 @@ def render_json(merged: Merged) -> Iterator[str]:
             "processes": site.processes(),
         }
         yield ("\n" if i == 0 else ",\n") + dumps(entry)
-    yield '],\n"processes": ['
+    yield '],\n"captures": ['
+    for i, captured in enumerate(merged.census.captures()):
+        yield ("\n" if i == 0 else ",\n") + dumps(captured)
+    yield '],\n"cudagraph_skips": ['
+    for i, skip in enumerate(merged.census.cudagraph_skips()):
+        yield ("\n" if i == 0 else ",\n") + dumps(skip)
+    yield f'],\n"slowest_capturing": {dumps(merged.census.slowest_json())},\n"processes": ['
     for i, process in enumerate(merged.processes):
         yield ("\n" if i == 0 else ",\n") + dumps(process)
     yield (
@@ -720,6 +760,34 @@ def render_markdown(merged: Merged) -> Iterator[str]:
         yield "\n## Exempted\n\n" + _header(["rule", "site", "exemption", "count", "processes"])
         for site in merged.exempted:
             yield _row([site.rule, _site_line(site.top), site.exemption, site.count, _hits(site)])
+    census = merged.census.summary()
+    if census:
+        yield f"\n## Captures\n\n{_cell(census)}.\n\n" + _header(
+            ["site", "count", "ended", "failed", "refused", "abandoned", "seconds", "max seconds",
+             "bytes reserved", "processes", "slowest"]
+        )  # fmt: skip
+        for entry in merged.census.captures():
+            slowest = entry["slowest"]
+            yield _row(
+                [
+                    _place_line(entry),
+                    entry["count"],
+                    *(entry["outcomes"].get(k, 0) for k in OUTCOMES),
+                    f"{entry['seconds']:.6f}",
+                    f"{entry['max_seconds']:.6f}",
+                    "not measured" if entry["bytes_reserved"] is None else entry["bytes_reserved"],
+                    entry["processes"],
+                    f"{shown(slowest['host']) or _UNKNOWN_HOST} pid {slowest['pid']}"
+                    f" ({slowest['seconds']:.6f} s)" if slowest else "",
+                ]
+            )  # fmt: skip
+        skips = merged.census.cudagraph_skips()
+        if skips:
+            yield "\n### torch.compile's skipped cudagraphs\n\n" + _header(
+                ["reason", "site", "count"]
+            )
+            for skip in skips:
+                yield _row([skip["reason"], _place_line(skip), skip["count"]])
     yield "\n## Processes\n\n" + _header(
         ["host", "pid", *RANK_KEYS, "violations", "exempted", "report"]
     )

@@ -26,7 +26,8 @@ RANK_KEYS = ("rank", "local_rank", "world_size")
 # The report's schema version: a report without a "schema" key is of version 1. A later
 # version is one this cgguard cannot read right, not one with keys it does not know: keys added
 # since are optional, and unknown keys are let through.
-REPORT_SCHEMA = 1
+# Version 2 added the census's optional "captures" and "cudagraph_skips" sections.
+REPORT_SCHEMA = 2
 
 
 class AtLeast:
@@ -39,6 +40,8 @@ class AtLeast:
 
 
 Count = Annotated[int, AtLeast(0)]  # a count that may be nothing yet: a rule's total
+# Seconds: JSON writes a float, and a reader of another writer may find a whole number.
+Seconds = float | int
 Positive = Annotated[int, AtLeast(1)]  # a count of something seen: a site's count
 
 
@@ -148,6 +151,76 @@ class ReportExempted(TypedDict):
     first: ExemptedEvent
 
 
+class _CaptureOptional(TypedDict, total=False):
+    # Only where replays are counted (census_replays).
+    replays: Count
+    never_replayed: Count  # graphs captured here (ended) that were never replayed
+    # Only in `cgguard report`'s merge: the process whose captures here took longest.
+    slowest: SlowestProcess
+    processes: Positive  # how many processes captured here
+
+
+class SlowestProcess(TypedDict):
+    """The process of a job whose captures at one site took the most seconds in all."""
+
+    pid: int | None
+    host: str | None
+    rank: int | str | None
+    seconds: Seconds
+    count: Positive
+
+
+class CaptureEntry(_CaptureOptional):
+    """The census of one capture site: every capture begun at one place in the user's code."""
+
+    file: str | None
+    line: int | None
+    function: str | None
+    count: Positive  # captures begun here, refused ones included
+    seconds: Seconds  # capture_begin to the end of capture_end, summed (ended and failed)
+    max_seconds: Seconds
+    bytes_reserved: int | None  # growth of the device's reserved bytes, summed; null: unmeasured
+    bytes_allocated: int | None
+    outcomes: dict[str, Count]  # "ended", "failed", "refused", "abandoned"
+    errors: dict[str, Count]  # failed captures by the error's type
+    apis: dict[str, Count]
+    modes: dict[str, Count]
+    threads: dict[str, Count]
+    pools: dict[str, Count]  # "private", or "shared (HANDLE)"
+    devices: dict[str, Count] | None  # "cuda:N"; null where no capture was measured
+
+
+class SkipEntry(TypedDict):
+    """Graphs torch.compile compiled without a CUDA graph, for one reason at one call site."""
+
+    reason: str  # grouped: without node names, lists and numbers
+    count: Positive
+    example: str  # torch's full message, the first time
+    file: str | None  # the user's call of the compiled function
+    line: int | None
+    function: str | None
+
+
+class CensusReport(TypedDict):
+    """``cgguard.census()``: the report's two census sections."""
+
+    captures: list[CaptureEntry]
+    cudagraph_skips: list[SkipEntry]
+
+
+class CensusEvent(_Ranked):
+    """``cgguard.census``: the run's capture census, at exit."""
+
+    event: str
+    level: str  # "info"
+    message: str  # the totals, one line
+    pid: int
+    timestamp: str
+    totals: dict[str, object]
+    captures: list[CaptureEntry]  # the top sites, by seconds
+    cudagraph_skips: list[SkipEntry]
+
+
 class _ReportOptional(_Ranked, total=False):
     # Keys a report written before they existed lacks; later sections are optional too.
     host: str  # so that reports gathered from several machines merge (cgguard report)
@@ -155,6 +228,8 @@ class _ReportOptional(_Ranked, total=False):
     exempted: list[ReportExempted]
     job: str  # the run sharing a report path without {pid}
     schema: Positive  # REPORT_SCHEMA; absent in version 1
+    captures: list[CaptureEntry]  # the census (version 2), where it was on
+    cudagraph_skips: list[SkipEntry]
 
 
 class ReportDocument(_ReportOptional):
@@ -235,7 +310,13 @@ def _words(schema: object) -> str:
         return "a list"
     if origin is dict or typing.is_typeddict(schema):
         return "an object"
-    return {str: "text", int: "a whole number", type(None): "null", bool: "true or false"}[
+    return {
+        str: "text",
+        int: "a whole number",
+        float: "a number",
+        type(None): "null",
+        bool: "true or false",
+    }[
         schema  # type: ignore[index]
     ]
 
@@ -251,6 +332,8 @@ def _made(schema: object) -> Callable[[object], _Failure | None]:  # noqa: PLR09
     if schema in (str, bool):
         exact = schema
         return lambda value: None if type(value) is exact else _wrong(_words(exact), value)
+    if schema is float:
+        return lambda value: None if type(value) is float else _wrong("a number", value)
     if schema is int:
         # type(), not isinstance(): a bool is an int to Python, not to the schema.
         return lambda value: None if type(value) is int else _wrong("a whole number", value)
@@ -312,7 +395,7 @@ def _json_type(schema: object) -> type:
         return dict
     if typing.get_origin(schema) is list:
         return list
-    if isinstance(schema, type) and schema in (str, int, bool, type(None)):
+    if isinstance(schema, type) and schema in (str, int, float, bool, type(None)):
         return schema
     # A union inside a union is flattened by typing; object has no place in one.
     raise TypeError(f"cgguard._schema cannot check values of {schema!r} in a union")
@@ -384,6 +467,6 @@ def _typed_dict(schema: type) -> Callable[[object], _Failure | None]:
 def _plain(schema: object) -> frozenset[type] | None:
     """The JSON types that are all there is to checking ``schema``, or None."""
     members = typing.get_args(schema) if typing.get_origin(schema) in _UNIONS else (schema,)
-    if all(member in (str, int, bool, type(None)) for member in members):
+    if all(member in (str, int, float, bool, type(None)) for member in members):
         return frozenset(member for member in members if isinstance(member, type))
     return None

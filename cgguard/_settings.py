@@ -112,6 +112,9 @@ SETTINGS: "dict[str, Setting]" = {
         Setting("profiles", ("log", "raise", "off"), "log"),
         Setting("inspect", BOOL, False),
         Setting("inspect_first", COUNT, None, "every capture of each site"),
+        Setting("census", BOOL, True),
+        Setting("census_replays", BOOL, False),
+        Setting("metrics", ("prometheus",), None, "none"),
     )
 }
 

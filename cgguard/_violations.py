@@ -16,7 +16,7 @@ import threading
 from threading import get_ident
 from typing import TYPE_CHECKING, cast
 
-from cgguard import _events
+from cgguard import _events, _metrics
 from cgguard._checks import API, BEGAN_AT, MODE, THREAD
 from cgguard._flags import Disabler
 from cgguard._frames import innermost_visible, resolve
@@ -291,6 +291,10 @@ class Reporter:
             raising = action == "raise" and refuse
             taken = "raised" if raising else "logged"
             site, count = ledger.count(rule, code, lasti, api, taken)
+            if self.config.metrics is not None:
+                metrics = _metrics.active()
+                if metrics is not None:
+                    metrics.violated(rule, taken)
             event: ViolationEvent | None = None  # built only where needed
             # Rendering is the expensive part: only for the first at a site, a raise, or
             # listeners that must see every violation in full.

@@ -104,7 +104,8 @@ def test_unknown_variables_warn_at_start_with_the_closest_name() -> None:
         "CGGUARD_MODE, CGGUARD_LOG_FORMAT, CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, "
         "CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, "
         "CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, CGGUARD_PROFILES, CGGUARD_INSPECT, "
-        "CGGUARD_INSPECT_FIRST, CGGUARD_RULE_<RULE>\n",
+        "CGGUARD_INSPECT_FIRST, CGGUARD_CENSUS, CGGUARD_CENSUS_REPLAYS, CGGUARD_METRICS, "
+        "CGGUARD_RULE_<RULE>\n",
     )
     assert expected == (done.returncode, done.stdout, done.stderr)
 
@@ -285,7 +286,9 @@ def test_runner_configuration_reaches_the_program(tmp_path: Path) -> None:
         "cgguard: CGGUARD_SIMULATE_CUDA: torch.cuda runs on cgguard's simulated CUDA runtime "
         "(no GPU work; results are not GPU results)\n"
     )
-    event, summary = [json.loads(line) for line in log.read_text().splitlines()]
+    # The violation, the summary, and the census, which counted the refused capture.
+    event, summary, census = [json.loads(line) for line in log.read_text().splitlines()]
+    assert (census["event"], census["totals"]["outcomes"]["refused"]) == ("cgguard.census", 1)
     assert (summary["event"], summary["totals"]) == ("cgguard.summary", {"capture_disabled": 1})
     assert (event["rule"], event["action"], event["disabled_stack"]) == (
         "capture_disabled",

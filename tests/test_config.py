@@ -25,6 +25,9 @@ DEFAULTS = {
     "profiles": "log",
     "inspect": False,
     "inspect_first": None,
+    "census": True,
+    "census_replays": False,
+    "metrics": None,
 }
 RULES = (
     "capture_disabled",
@@ -67,6 +70,9 @@ def test_every_field_set() -> None:
         profiles="off",
         inspect=True,
         inspect_first=67,
+        census=False,
+        census_replays=True,
+        metrics="prometheus",
     )
     expected = {
         "mode": "log",
@@ -84,6 +90,9 @@ def test_every_field_set() -> None:
         "profiles": "off",
         "inspect": True,
         "inspect_first": 67,
+        "census": False,
+        "census_replays": True,
+        "metrics": "prometheus",
     }
     assert expected == dataclasses.asdict(config)
 
@@ -474,6 +483,9 @@ def test_from_environ_file_target_without_log_file_warn_false_is_silent(
             ("pkg.mod:Runner.capture_model", "pkg:on"),
         ),
         ("profiles", "RAISE", "raise"),
+        ("census", "0", False),
+        ("census_replays", "yes", True),
+        ("metrics", "Prometheus", "prometheus"),
     ],
 )
 def test_each_field_but_rules_is_read_from_the_variable_named_after_it(

@@ -512,11 +512,17 @@ def test_summary_and_report_count_exempted_captures(tmp_path: Path) -> None:
     kernels, main = SourceFile(tmp_path / "exempt_report_n.py"), SourceFile(program)
     capture, refused = kernels.frame("@capture", "_capture"), main.frame("@refused", "<module>")
     events = [json.loads(line) for line in log.read_text().splitlines()]
-    summary = events[-1]
+    # The census of the captures that went ahead follows it.
+    summary = next(event for event in events if event["event"] == "cgguard.summary")
     document = json.loads(report.read_text())
     site = {k: capture[k] for k in ("file", "line", "function")}
     expected = (
-        ["cgguard.capture_exempted", "cgguard.capture_violation", "cgguard.summary"],
+        [
+            "cgguard.capture_exempted",
+            "cgguard.capture_violation",
+            "cgguard.summary",
+            "cgguard.census",
+        ],
         {
             "level": "warning",
             "totals": {"capture_disabled": 1},
@@ -639,7 +645,9 @@ def test_summary_of_a_run_that_only_exempted_is_info(
     with cgguard.capture_disabled():
         kernels.Kernel().run()
     _install._at_exit()  # what the interpreter's exit runs
-    summary = json.loads(log.read_text().splitlines()[-1])
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    # The census of the capture that went ahead follows it.
+    (summary,) = [event for event in events if event["event"] == "cgguard.summary"]
     expected = ("cgguard.summary", "info", {}, {"capture_disabled": 1})
     assert expected == (
         summary["event"],

@@ -53,6 +53,9 @@ def test_configuration_names_the_variable_a_value_follows() -> None:
         "  profile        tensorrt_llm: TensorRT-LLM (PyTorch backend), 2 windows, 0 exemptions",
         "  inspect        False        (default)",
         "  inspect_first  every capture of each site (default)",
+        "  census         True         (default)",
+        "  census_replays False        (default)",
+        "  metrics        none         (default)",
         "  rule           capture_disabled: log (from CGGUARD_MODE)",
         "  rule           nested_capture: raise (CGGUARD_RULE_NESTED_CAPTURE)",
         # The diagnostics log whatever the mode: their default is their own.

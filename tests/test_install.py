@@ -459,6 +459,7 @@ def test_status_says_what_cgguard_is_doing() -> None:
             ProfileInfo(name, "waiting for import", windows, exemptions)
             for name, windows, exemptions in WAITING_PROFILES
         ),
+        census=True,  # on by default
     )
     # The simulation's device synchronize went with it.
     assert (cgguard.status().captures, cgguard.status().patched) == ((), ENTRY_POINTS + DEVICE_SYNC)

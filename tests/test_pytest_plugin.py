@@ -850,8 +850,9 @@ def test_environment_activation_is_kept(
     result.stdout.fnmatch_lines(
         ["cgguard: capture_disabled violation during the test", "installed at exit: True"]
     )
-    # The activation's own configuration: its log file got the violation and its exit summary.
-    expected = ["cgguard.capture_violation", "cgguard.summary"]
+    # The activation's own configuration: its log file got the violation and its exit summary,
+    # and the census of the capture that went ahead.
+    expected = ["cgguard.capture_violation", "cgguard.summary", "cgguard.census"]
     assert expected == [json.loads(line)["event"] for line in log.read_text().splitlines()]
 
 

@@ -452,7 +452,8 @@ def test_environment_of_the_program(tmp_path: Path, old: str | None, expected: s
         b"CGGUARD_MODE, CGGUARD_LOG_FORMAT, CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, "
         b"CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, "
         b"CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, CGGUARD_PROFILES, CGGUARD_INSPECT, "
-        b"CGGUARD_INSPECT_FIRST, CGGUARD_RULE_<RULE>\n",
+        b"CGGUARD_INSPECT_FIRST, CGGUARD_CENSUS, CGGUARD_CENSUS_REPLAYS, CGGUARD_METRICS, "
+        b"CGGUARD_RULE_<RULE>\n",
     )
     assert {
         **plain_environ,
@@ -1098,6 +1099,9 @@ def test_program_importing_torch_is_guarded_as_configured(tmp_path: Path) -> Non
             "profiles": "log",
             "inspect": False,
             "inspect_first": None,
+            "census": True,
+            "census_replays": False,
+            "metrics": None,
         },
         "capture_enabled": False,
     }
@@ -1124,7 +1128,8 @@ def test_program_importing_torch_is_guarded_as_configured(tmp_path: Path) -> Non
         ],
     }
     logged = [json.loads(line) for line in (tmp_path / "cgg.log").read_text().splitlines()]
-    expected_log = (["cgguard.capture_violation", "cgguard.summary"], event)
+    # The capture went ahead in log mode: the census counts it at exit.
+    expected_log = (["cgguard.capture_violation", "cgguard.summary", "cgguard.census"], event)
     assert expected_log == (
         [e["event"] for e in logged],
         {field: logged[0].get(field) for field in fields},
@@ -1178,6 +1183,9 @@ def test_info_reports_versions_configuration_and_activation(tmp_path: Path) -> N
         "  profile        tensorrt_llm: TensorRT-LLM (PyTorch backend), 2 windows, 0 exemptions",
         "  inspect        False        (default)",
         "  inspect_first  every capture of each site (default)",
+        "  census         True         (default)",
+        "  census_replays False        (default)",
+        "  metrics        none         (default)",
         "  rule           capture_disabled: log (from CGGUARD_MODE)",
         "  rule           nested_capture: log (from CGGUARD_MODE)",
         "  rule           concurrent_capture: log (default)",

@@ -107,12 +107,17 @@ def test_every_schema_type_is_one_the_check_knows() -> None:
         and value.__module__ == _schema.__name__
     ]
     assert sorted(schema.__name__ for schema in schemas if not schema.__name__.startswith("_")) == [
+        "CaptureEntry",
+        "CensusEvent",
+        "CensusReport",
         "ExemptedEvent",
         "ExemptedSiteCount",
         "ReportDocument",
         "ReportExempted",
         "ReportViolation",
         "SiteCount",
+        "SkipEntry",
+        "SlowestProcess",
         "SummaryEvent",
         "ViolationEvent",
     ]
@@ -134,6 +139,7 @@ def test_the_report_s_keys_required_and_optional() -> None:
         frozenset(
             {"host", "rank", "local_rank", "world_size", "exempted_totals", "exempted", "job"}
             | {"schema"}
+            | {"captures", "cudagraph_skips"}
         ),
     )
 

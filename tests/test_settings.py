@@ -260,6 +260,9 @@ def test_runner_options_are_the_settings() -> None:
             "pkg:FLAG, pkg:var",
             "--inspect",
             "--inspect-first=2",
+            "--no-census",
+            "--census-replays",
+            "--metrics=prometheus",
         ]
     )
     env = program_environ(options, {})
@@ -279,6 +282,9 @@ def test_runner_options_are_the_settings() -> None:
         "CGGUARD_WINDOW": "pkg.runner:Runner.capture_model,pkg:FLAG,pkg:var",
         "CGGUARD_INSPECT": "1",
         "CGGUARD_INSPECT_FIRST": "2",
+        "CGGUARD_CENSUS": "0",
+        "CGGUARD_CENSUS_REPLAYS": "1",
+        "CGGUARD_METRICS": "prometheus",
     }
     assert [s.field for s in _settings.SETTINGS.values()] == [
         "mode",
@@ -295,6 +301,9 @@ def test_runner_options_are_the_settings() -> None:
         "profiles",
         "inspect",
         "inspect_first",
+        "census",
+        "census_replays",
+        "metrics",
     ]
 
 
@@ -340,7 +349,8 @@ def test_unknown_variable_without_a_close_name_lists_the_variables() -> None:
             "CGGUARD_MODE, CGGUARD_LOG_FORMAT, CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, "
             "CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, "
             "CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, CGGUARD_PROFILES, "
-            "CGGUARD_INSPECT, CGGUARD_INSPECT_FIRST, CGGUARD_RULE_<RULE>"
+            "CGGUARD_INSPECT, CGGUARD_INSPECT_FIRST, CGGUARD_CENSUS, CGGUARD_CENSUS_REPLAYS, "
+            "CGGUARD_METRICS, CGGUARD_RULE_<RULE>"
         ],
     )
     assert expected == _settings.read({"CGGUARD_XYZZY": "1"})
@@ -410,7 +420,7 @@ LONG = "x" * 10_000
             "CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, CGGUARD_REPORT, CGGUARD_CAPTURE, "
             "CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, "
             "CGGUARD_WINDOW, CGGUARD_PROFILES, CGGUARD_INSPECT, CGGUARD_INSPECT_FIRST, "
-            "CGGUARD_RULE_<RULE>",
+            "CGGUARD_CENSUS, CGGUARD_CENSUS_REPLAYS, CGGUARD_METRICS, CGGUARD_RULE_<RULE>",
         ),
     ],
 )

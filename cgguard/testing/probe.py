@@ -199,7 +199,28 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1))
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per scenario")
+    parser.add_argument(
+        "--census",
+        action="store_true",
+        help="instead: capture a few graphs under cgguard and print their census",
+    )
     return parser
+
+
+def _usage_problem(args: argparse.Namespace) -> str:
+    """What is wrong with the options together, or ""."""
+    if args.jobs < 1 or args.timeout <= 0:
+        return "--jobs must be at least 1 and --timeout above 0"
+    if args.write_simulated and args.only:
+        return "--write-simulated writes the whole table; drop --only"
+    return ""
+
+
+def _census(python: str) -> int:
+    """The census of the probe's own captures, in a fresh interpreter: the scenarios' table is
+    the simulation's alone, and cgguard must not be installed while it is observed."""
+    command = [python, "-m", "cgguard.testing._census_probe"]
+    return subprocess.run(command, env=_child_environ(), check=False).returncode  # noqa: S603
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,11 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     from cgguard.testing import SimulationError
 
     args = _parser().parse_args(argv)
-    if args.jobs < 1 or args.timeout <= 0:
-        print("--jobs must be at least 1 and --timeout above 0", file=sys.stderr)
-        return 2
-    if args.write_simulated and args.only:
-        print("--write-simulated writes the whole table; drop --only", file=sys.stderr)
+    if args.census:
+        return _census(args.python)
+    wrong = _usage_problem(args)
+    if wrong:
+        print(wrong, file=sys.stderr)
         return 2
     table: dict[str, Result] = {}
     if not args.write_simulated:

@@ -1,0 +1,519 @@
+"""The capture census (cgguard._census): every capture counted per site, in census(), the exit
+summary, the JSON report and cgguard report, on the simulated runtime."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import torch
+
+import cgguard
+from cgguard import _census, _state
+from cgguard._census import Census, skip_reason
+from cgguard.testing import simulated_cuda
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+pytestmark = pytest.mark.simulated
+
+REPLAY = "torch.cuda.graphs.CUDAGraph.replay"
+
+# Three captures at one site, two at another, the second of them refused. The census's clock
+# is replaced by one that moves STEP seconds at each reading, so that each capture that runs
+# takes exactly STEP seconds (one reading at its begin, one at its end).
+PROGRAM = """\
+import json
+import sys
+
+import torch
+
+import cgguard
+from cgguard import _census
+
+STEP = float(sys.argv[1])
+ticks = iter(range(1_000_000))
+_census.perf_counter = lambda: next(ticks) * STEP
+
+
+def three():
+    for _ in range(3):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):  # site-three
+            pass
+
+
+def two():
+    for allowed in (True, False):
+        cgguard.set_capture_enabled(allowed)
+        try:
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):  # site-two
+                pass
+        except cgguard.CaptureViolation:
+            pass
+    cgguard.set_capture_enabled(True)
+
+
+three()
+if "--only-three" not in sys.argv:
+    two()
+print(json.dumps(cgguard.census()))
+"""
+
+OUTCOMES = ("ended", "failed", "refused", "abandoned")
+
+
+def outcomes(**counts: int) -> dict[str, int]:
+    return {name: counts.get(name, 0) for name in OUTCOMES}
+
+
+def line_of(path: Path, marker: str) -> int:
+    lines = path.read_text().splitlines()
+    return next(i for i, text in enumerate(lines, 1) if text.endswith(f"# {marker}"))
+
+
+def expected_sites(path: Path, step: float) -> list[dict[str, Any]]:
+    """The census of PROGRAM, written out by hand from what it does."""
+    return [
+        {
+            "file": str(path),
+            "line": line_of(path, "site-three"),
+            "function": "three",
+            "count": 3,
+            "seconds": 3 * step,
+            "max_seconds": step,
+            "bytes_reserved": None,  # the simulated runtime has no allocator to ask
+            "bytes_allocated": None,
+            "outcomes": outcomes(ended=3),
+            "errors": {},
+            "apis": {"torch.cuda.graph": 3},
+            "modes": {"global": 3},
+            "threads": {"MainThread": 3},
+            "pools": {"private": 3},
+            "devices": None,
+        },
+        {
+            "file": str(path),
+            "line": line_of(path, "site-two"),
+            "function": "two",
+            "count": 2,
+            "seconds": step,  # the refused one never began
+            "max_seconds": step,
+            "bytes_reserved": None,
+            "bytes_allocated": None,
+            "outcomes": outcomes(ended=1, refused=1),
+            "errors": {},
+            "apis": {"torch.cuda.graph": 2},
+            "modes": {"global": 2},
+            "threads": {"MainThread": 2},
+            "pools": {"private": 1},
+            "devices": None,
+        },
+    ]
+
+
+def child_environ(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CGGUARD_")}
+    return env | extra
+
+
+def run_guarded(
+    tmp_path: Path, *args: str, options: tuple[str, ...] = (), **env: str
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    program = tmp_path / "census_program.py"
+    program.write_text(PROGRAM)
+    command = [sys.executable, "-m", "cgguard", "run", "--simulate-cuda", *options]
+    result = subprocess.run(
+        [*command, str(program), *args],
+        env=child_environ(**env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return program, result
+
+
+@pytest.mark.subprocess
+def test_the_census_of_a_run_is_the_same_in_census_the_summary_and_the_report(
+    tmp_path: Path,
+) -> None:
+    """3 captures at one site, 2 at another (one refused): exactly those counts, outcomes and
+    seconds in census(), the cgguard.census exit event and the report's captures."""
+    log, report = tmp_path / "events.jsonl", tmp_path / "report.json"
+    options = ("--report", str(report), "--log-file", str(log), "--log-format", "json")
+    program, result = run_guarded(tmp_path, "0.25", options=options)
+    assert result.returncode == 0, result.stderr
+    sites = expected_sites(program, 0.25)
+    assert json.loads(result.stdout) == {"captures": sites, "cudagraph_skips": []}
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    census = [event for event in events if event["event"] == "cgguard.census"]
+    assert len(census) == 1
+    assert (census[0]["message"], census[0]["totals"], census[0]["captures"]) == (
+        "5 captures at 2 sites, 1.000000 s, bytes not measured; 0 compiled graphs skipped",
+        {
+            "captures": 5,
+            "sites": 2,
+            "seconds": 1.0,
+            "bytes_reserved": None,
+            "bytes_allocated": None,
+            "outcomes": outcomes(ended=4, refused=1),
+            "cudagraph_skips": 0,
+        },
+        sites,  # the slowest first: 0.75 s, then 0.25 s
+    )
+    document = json.loads(report.read_text())
+    assert (document["schema"], document["captures"], document["cudagraph_skips"]) == (
+        2,
+        sites,
+        [],
+    )
+
+
+@pytest.mark.subprocess
+def test_the_console_summary_is_one_line_of_totals_and_the_top_sites(tmp_path: Path) -> None:
+    """In the console format: the totals' line, then one line per site, slowest first."""
+    program, result = run_guarded(tmp_path, "0.5", CGGUARD_LOG_FORMAT="console")
+    assert result.returncode == 0, result.stderr
+    three, two = line_of(program, "site-three"), line_of(program, "site-two")
+    summary = result.stderr[result.stderr.index("cgguard.census") :].splitlines()
+    assert summary[0].split("message=")[1].split(" pid=")[0] == (
+        "'5 captures at 2 sites, 2.000000 s, bytes not measured; 0 compiled graphs skipped'"
+    )
+    assert summary[1:4] == [
+        "top capture sites (by seconds):",
+        f"  {program}:{three} (in three): 3 captures (ended 3), 1.500000 s, bytes not measured",
+        f"  {program}:{two} (in two): 2 captures (ended 1, refused 1), 0.500000 s, "
+        "bytes not measured",
+    ]
+
+
+@pytest.mark.subprocess
+def test_two_processes_merge_into_one_census_naming_the_slower(tmp_path: Path) -> None:
+    """cgguard report sums each site across processes and names the slowest process, per site
+    and for the job, in every format."""
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    options = ("--report", str(folder / "r-{pid}.json"), "--log-file", os.devnull)
+    pids = []
+    for step in ("0.25", "1.0"):
+        before = set(os.listdir(folder))
+        program, result = run_guarded(tmp_path, step, options=options)
+        assert result.returncode == 0, result.stderr
+        (written,) = set(os.listdir(folder)) - before
+        pids.append(int(written.removeprefix("r-").removesuffix(".json")))
+    slow = pids[1]
+    merged = subprocess.run(
+        [sys.executable, "-m", "cgguard", "report", "--format", "json", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert merged.returncode == 1  # the refused capture is a violation in each
+    view = json.loads(merged.stdout)
+    host = view["hosts"][0]
+    three, two = expected_sites(program, 1.25)  # the two processes' seconds, 0.25 + 1.0 each
+    three.update(count=6, max_seconds=1.0, processes=2)
+    three.update(outcomes=outcomes(ended=6), apis={"torch.cuda.graph": 6})
+    three.update(modes={"global": 6}, threads={"MainThread": 6}, pools={"private": 6})
+    three["slowest"] = {"pid": slow, "host": host, "rank": None, "seconds": 3.0, "count": 3}
+    two.update(count=4, seconds=1.25, max_seconds=1.0, processes=2)
+    two.update(outcomes=outcomes(ended=2, refused=2), apis={"torch.cuda.graph": 4})
+    two.update(modes={"global": 4}, threads={"MainThread": 4}, pools={"private": 2})
+    two["slowest"] = {"pid": slow, "host": host, "rank": None, "seconds": 1.0, "count": 2}
+    assert (view["captures"], view["cudagraph_skips"], view["slowest_capturing"]) == (
+        [three, two],
+        [],
+        {"host": host, "pid": slow, "rank": None, "seconds": 4.0, "captures": 5},
+    )
+    text = subprocess.run(
+        [sys.executable, "-m", "cgguard", "report", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    ).stdout
+    assert (
+        f"census: 10 captures at 2 sites in 2 processes, 5.000000 s; 0 compiled graphs skipped; "
+        f"slowest process {host} pid {slow}: 4.000000 s (the next 1.000000 s)"
+    ) in text.splitlines()
+    markdown = subprocess.run(
+        [sys.executable, "-m", "cgguard", "report", "--format", "markdown", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    ).stdout
+    assert "## Captures" in markdown
+    assert f"| 2 | {host} pid {slow} (3.000000 s) |" in markdown
+
+
+@pytest.mark.subprocess
+def test_a_census_only_process_writes_a_report_cgguard_report_reads_with_status_0(
+    tmp_path: Path,
+) -> None:
+    """No violation, captures counted: the report is written, and reads as no violation."""
+    report = tmp_path / "report.json"
+    options = ("--report", str(report), "--log-file", os.devnull)
+    _, result = run_guarded(tmp_path, "0.25", "--only-three", options=options)
+    assert result.returncode == 0, result.stderr
+    merged = subprocess.run(
+        [sys.executable, "-m", "cgguard", "report", "--format", "json", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert merged.returncode == 0, merged.stderr
+    (site,) = json.loads(merged.stdout)["captures"]
+    assert (site["count"], site["seconds"], site["outcomes"]) == (3, 0.75, outcomes(ended=3))
+
+
+@pytest.fixture
+def installed() -> Iterator[None]:
+    with simulated_cuda():
+        cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
+        yield
+
+
+def captured() -> torch.cuda.CUDAGraph:
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.zeros(2).add_(1)
+    return graph
+
+
+def counts() -> list[tuple[int, dict[str, int]]]:
+    return [(site["count"], site["outcomes"]) for site in cgguard.census()["captures"]]
+
+
+def test_replays_are_counted_per_site_when_asked(installed: None) -> None:
+    """census_replays: replays per site, and the graphs captured there and never replayed."""
+    cgguard.install(cgguard.Config(mode="log", log_file=os.devnull, census_replays=True))
+    assert REPLAY in cgguard.status().patched
+    graphs = [captured() for _ in range(3)]
+    graphs[0].replay()
+    graphs[0].replay()
+    graphs[2].replay()
+    (site,) = cgguard.census()["captures"]
+    assert (site["count"], site["replays"], site["never_replayed"]) == (3, 3, 1)
+
+
+def test_without_replays_asked_replay_is_untouched_and_nothing_speaks_of_replays(
+    installed: None,
+) -> None:
+    """By default torch's replay is its own, and no entry has replay keys."""
+    real = vars(torch.cuda.graphs.CUDAGraph)["replay"]
+    assert REPLAY not in cgguard.status().patched
+    captured().replay()
+    assert vars(torch.cuda.graphs.CUDAGraph)["replay"] is real
+    (site,) = cgguard.census()["captures"]
+    assert ("replays" in site, "never_replayed" in site) == (False, False)
+
+
+def test_a_failed_capture_is_counted_with_its_error_type(installed: None) -> None:
+    """torch refuses a capture on the default stream: failed, by its error's type."""
+    with pytest.raises(RuntimeError, match="non-default stream"):
+        torch.cuda.CUDAGraph().capture_begin()
+    (site,) = cgguard.census()["captures"]
+    assert (site["outcomes"], site["errors"], site["apis"]) == (
+        outcomes(failed=1),
+        {"SimulatedCudaError": 1},
+        {"CUDAGraph.capture_begin": 1},
+    )
+
+
+def test_a_capture_left_open_by_an_ended_thread_is_counted_abandoned(installed: None) -> None:
+    """Its thread ended mid-capture: abandoned, with no seconds (only cgguard's delay)."""
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+
+    def begin() -> None:
+        with torch.cuda.stream(stream):
+            graph.capture_begin(capture_error_mode="thread_local")
+
+    worker = threading.Thread(target=begin, name="worker")
+    worker.start()
+    worker.join()
+    captured()  # the next attempt sweeps the ended thread's capture
+    by_outcome = {
+        next(k for k, v in s["outcomes"].items() if v): s for s in cgguard.census()["captures"]
+    }
+    abandoned = by_outcome["abandoned"]
+    assert (abandoned["seconds"], abandoned["threads"], abandoned["modes"]) == (
+        0.0,
+        {"worker": 1},
+        {"thread_local": 1},
+    )
+
+
+def test_a_shared_pool_is_named_by_its_handle(installed: None) -> None:
+    """A capture into another graph's pool names that pool."""
+    first = captured()
+    pool = first.pool()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        pass
+    pools = [site["pools"] for site in cgguard.census()["captures"]]
+    assert pools == [{"private": 1}, {f"shared {pool!r}": 1}]
+
+
+def test_reconfiguration_keeps_the_census_and_off_stops_it(installed: None) -> None:
+    """install(Config) again keeps what was counted; census=False counts nothing more and
+    census() says nothing, status() says it is off."""
+    captured()
+    cgguard.install(cgguard.Config(mode="log", log_file=os.devnull, vllm_bridge=False))
+    captured()  # the same site: captured()'s own line
+    assert counts() == [(2, outcomes(ended=2))]
+    cgguard.install(cgguard.Config(mode="log", log_file=os.devnull, census=False))
+    captured()
+    assert (cgguard.status().census, cgguard.census()) == (
+        False,
+        {"captures": [], "cudagraph_skips": []},
+    )
+    installation = _state.current
+    assert installation is not None
+    assert [s.count for s in installation.run.census.sites()] == [2]
+
+
+def test_uninstall_leaves_no_census(installed: None) -> None:
+    """After uninstall, census() is empty."""
+    captured()
+    cgguard.uninstall()
+    assert cgguard.census() == {"captures": [], "cudagraph_skips": []}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_starts_with_an_empty_census(installed: None) -> None:
+    """The parent's captures are the parent's: the child counts only its own."""
+    captured()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            before = cgguard.census()["captures"]
+            captured()
+            after = [s["count"] for s in cgguard.census()["captures"]]
+            os.write(write, json.dumps([before, after]).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        seen = json.loads(pipe.read())
+    os.waitpid(pid, 0)
+    assert seen == [[], [1]]
+    assert counts() == [(1, outcomes(ended=1))]
+
+
+def test_a_hundred_thousand_captures_at_one_site_are_one_aggregate() -> None:
+    """Bounded: one site's aggregate, whatever the number of captures there."""
+    census = Census()
+    kind = ("torch.cuda.graph", "global", "MainThread", "private", None)
+    code = test_a_hundred_thousand_captures_at_one_site_are_one_aggregate.__code__
+    for _ in range(100_000):
+        census.ended.append(((code, 10), kind, "ended", None, 0.001, None, None))
+        if len(census.ended) >= _census.ENDED_MAX:
+            census.fold()
+    assert len(census.ended) < _census.ENDED_MAX  # what waits to be folded is bounded too
+    (site,) = census.sites()
+    assert (len(census), site.count, site.outcomes["ended"], len(site.kinds)) == (
+        1,
+        100_000,
+        100_000,
+        1,
+    )
+
+
+def test_distinct_kinds_at_a_site_are_bounded() -> None:
+    """A pool of threads with fresh names keeps at most KINDS_MAX kinds, the rest "other"."""
+    census = Census()
+    code = test_distinct_kinds_at_a_site_are_bounded.__code__
+
+    for i in range(_census.KINDS_MAX + 10):
+        kind = ("torch.cuda.graph", "global", f"t{i}", "private", None)
+        census.capture((code, 10), kind, "ended", None, 0.0)
+    (entry,) = census.captures()
+    assert (len(entry["threads"]), entry["threads"]["other"]) == (_census.KINDS_MAX + 1, 10)
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        ("skipping cudagraphs due to cpu device (arg0_1)", "cpu device"),
+        (
+            "skipping cudagraphs due to cpu device (arg0_1). Found from : \n"
+            '   File "model.py", line 3, in forward',
+            "cpu device",
+        ),
+        ("skipping cudagraphs due to mutated inputs (2 instances)", "mutated inputs"),
+        ("skipping cudagraphs due to multiple devices: ", "multiple devices"),
+        (
+            "skipping cudagraphs due to skipping cudagraphs due to multiple devices: "
+            "device(type='cuda', index=0), device(type='cpu')",
+            "multiple devices",
+        ),
+        ("skipping cudagraphs due to incompatible op (nonzero_1)", "incompatible op"),
+        ("", "unknown"),
+    ],
+)
+def test_skip_reasons_are_grouped_without_names(message: str, reason: str) -> None:
+    """One cause at many nodes is one reason: node names, lists and stack traces dropped."""
+    assert skip_reason(message) == reason
+
+
+def test_distinct_skips_are_bounded_and_each_keeps_its_first_message() -> None:
+    """Skips of one reason at one site are one entry, with the first full message."""
+    census = Census()
+    code = test_distinct_skips_are_bounded_and_each_keeps_its_first_message.__code__
+    census.skipped("skipping cudagraphs due to cpu device (arg0_1)", (code, 4))
+    census.skipped("skipping cudagraphs due to cpu device (arg7_1)", (code, 4))
+    for i in range(_census.SKIPS_MAX + 5):
+        census.skipped(f"skipping cudagraphs due to reason {'x' * (i % 7)}{i}", (code, i))
+    skips = census.skips()
+    assert len(skips) == _census.SKIPS_MAX
+    assert (skips[0]["reason"], skips[0]["count"], skips[0]["example"]) == (
+        "cpu device",
+        2,
+        "skipping cudagraphs due to cpu device (arg0_1)",
+    )
+
+
+@pytest.mark.subprocess
+def test_the_probe_prints_a_census_of_its_own_captures() -> None:
+    """probe --census: three captures at one site; on the simulated runtime it says so, and
+    bytes are not measured."""
+    result = subprocess.run(
+        [sys.executable, "-m", "cgguard.testing.probe", "--census"],
+        env=child_environ(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    where = "on cgguard's simulated CUDA runtime (no GPU; not a GPU result)"
+    assert lines[0] == f"census of the probe's own captures, {where}:"
+    assert lines[1].startswith("  3 captures at 1 sites, ")
+    assert lines[1].endswith(" s, bytes not measured; 0 compiled graphs skipped")
+    assert lines[2].startswith("  <cgguard census probe>:6 (in capture): 3 captures (ended 3), ")
+    assert lines[2].endswith(" s, bytes not measured; devices None")
+
+
+def test_the_reports_entries_follow_each_change_of_their_site(installed: None) -> None:
+    """An entry built for the report is reused only while its site is unchanged."""
+    installation = _state.current
+    assert installation is not None
+    census = installation.run.census
+    captured()
+    first = census.captures()
+    assert census.captures()[0] is first[0]  # unchanged: the same entry, encoded once
+    captured()
+    (entry,) = census.captures()
+    assert (first[0]["count"], entry["count"], entry["outcomes"]) == (1, 2, outcomes(ended=2))

@@ -1,0 +1,159 @@
+"""torch.compile's skipped cudagraphs (cgguard._compile_skips): counted by reason and by the
+user's call of the compiled function, from torch's own counter.
+
+One test compiles for real with inductor on CPU (the system's C++ compiler, tens of seconds the
+first time); the rest drive the hook with a stand-in for torch._dynamo.utils.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import torch
+from torch.torch_version import TorchVersion
+
+import cgguard
+from cgguard import _compile_skips
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+pytestmark = [
+    # Inductor's first import reaches torch/utils/mkldnn.py, which uses the deprecated decorator.
+    pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
+]
+
+# torch 2.13 counts a skip of cudagraphs for a graph on CPU (torch/_inductor/output_code.py);
+# torch 2.1 has no such counter, and logs a skip only for a graph with CUDA nodes.
+COUNTS_CPU_CUDAGRAPH_SKIPS = TorchVersion(torch.__version__) >= "2.13"
+
+
+@pytest.fixture
+def fake_utils(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
+    """A stand-in torch._dynamo.utils, with torch's kind of counters, hooked by a census."""
+    module = types.ModuleType(_compile_skips.MODULE)
+    module.counters = collections.defaultdict(collections.Counter)  # type: ignore[attr-defined]
+    module.counters["inductor"]["fxgraph_cache_miss"] = 1  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, _compile_skips.MODULE, module)
+    cgguard.install(cgguard.Config(log_file=os.devnull))
+    yield module
+    cgguard.uninstall()
+
+
+def log_cudagraph_skip_and_bump_counter(counters: Any, msg: str) -> None:
+    # Named as torch's: the hook reads ``msg`` from the frame of this name.
+    counters["inductor"]["cudagraph_skips"] += 1
+
+
+class CompiledFxGraph:
+    def __init__(self, counters: Any, reason: str) -> None:
+        self.disabled_cudagraphs_reason = reason
+        counters["inductor"]["cudagraph_skips"] += 1  # as torch's does for a graph on CPU
+
+
+def skips() -> list[tuple[str, int, str, str | None]]:
+    return [
+        (s["reason"], s["count"], s["example"], s["function"])
+        for s in cgguard.census()["cudagraph_skips"]
+    ]
+
+
+def test_each_skip_is_counted_with_its_reason_and_the_users_call(
+    fake_utils: types.ModuleType,
+) -> None:
+    """The message of torch's logging function, or the compiled graph's reason; the site is
+    the innermost frame outside torch (here the stand-ins themselves, which are not torch's:
+    the real compile below shows the user's call)."""
+    counters: Any = fake_utils.counters
+    log_cudagraph_skip_and_bump_counter(counters, "skipping cudagraphs due to cpu device (arg0_1)")
+    log_cudagraph_skip_and_bump_counter(counters, "skipping cudagraphs due to cpu device (arg3_1)")
+    CompiledFxGraph(counters, "skipping cudagraphs due to multiple devices: ")
+    logging = "log_cudagraph_skip_and_bump_counter"
+    assert skips() == [
+        ("cpu device", 2, "skipping cudagraphs due to cpu device (arg0_1)", logging),
+        ("multiple devices", 1, "skipping cudagraphs due to multiple devices:", "__init__"),
+    ]
+    # torch's own count is untouched, and its other counters too.
+    assert dict(counters["inductor"]) == {"fxgraph_cache_miss": 1, "cudagraph_skips": 3}
+
+
+def test_counters_cleared_by_torch_still_count(fake_utils: types.ModuleType) -> None:
+    """torch._dynamo's reset clears the counters: the "inductor" entry made anew still counts."""
+    counters: Any = fake_utils.counters
+    counters.clear()
+    counters["inductor"]["cudagraph_skips"] += 1
+    assert [count for _, count, _, _ in skips()] == [1]
+
+
+def test_uninstall_gives_torch_plain_counters_back(fake_utils: types.ModuleType) -> None:
+    """After uninstall, nothing of cgguard's is left in torch's counters."""
+    counters: Any = fake_utils.counters
+    counters["inductor"]["cudagraph_skips"] += 1
+    cgguard.uninstall()
+    assert (type(counters["inductor"]), counters.default_factory) == (
+        collections.Counter,
+        collections.Counter,
+    )
+    assert dict(counters["inductor"]) == {"fxgraph_cache_miss": 1, "cudagraph_skips": 1}
+
+
+def test_the_counting_counters_pickle_as_torchs_own(fake_utils: types.ModuleType) -> None:
+    """Pickled, the "inductor" counters are a plain Counter with torch's counts."""
+    import pickle
+
+    counters: Any = fake_utils.counters
+    copied = pickle.loads(pickle.dumps(counters["inductor"]))  # noqa: S301 - made just above
+    assert (type(copied), copied) == (collections.Counter, {"fxgraph_cache_miss": 1})
+
+
+def test_without_the_census_nothing_is_hooked(fake_utils: types.ModuleType) -> None:
+    """census=False: torch's counters are plain."""
+    cgguard.install(cgguard.Config(log_file=os.devnull, census=False))
+    counters: Any = fake_utils.counters
+    assert type(counters["inductor"]) is collections.Counter
+
+
+def test_a_module_imported_later_is_hooked_on_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Installed before torch._dynamo.utils is imported: hooked once it is, never imported by
+    cgguard itself."""
+    monkeypatch.delitem(sys.modules, _compile_skips.MODULE, raising=False)
+    from cgguard import _startup
+
+    cgguard.install(cgguard.Config(log_file=os.devnull))
+    assert _compile_skips.ON_IMPORT in _startup.pending(_compile_skips.MODULE)
+    cgguard.uninstall()
+    assert _compile_skips.ON_IMPORT not in _startup.pending(_compile_skips.MODULE)
+
+
+@pytest.mark.skipif(not COUNTS_CPU_CUDAGRAPH_SKIPS, reason="torch counts no CPU cudagraph skip")
+def test_a_real_reduce_overhead_compile_on_cpu_shows_its_skip_reason_and_site() -> None:
+    """torch.compile(mode="reduce-overhead") on a CPU tensor: inductor skips cudagraphs, and
+    the census names torch's reason and the line that called the compiled function."""
+    cgguard.install(cgguard.Config(log_file=os.devnull))
+    torch._dynamo.reset()
+
+    def scaled_sin(t: torch.Tensor) -> torch.Tensor:
+        return torch.sin(t * 3) + 1
+
+    compiled = torch.compile(scaled_sin, mode="reduce-overhead")
+    line = sys._getframe().f_lineno + 1
+    result = compiled(torch.arange(4.0))
+    assert torch.allclose(result, torch.sin(torch.arange(4.0) * 3) + 1)
+    # Measured on torch 2.13 (CPU): the graph has no CUDA node, and inductor's reason, with
+    # no device to list, is "multiple devices: ".
+    assert cgguard.census()["cudagraph_skips"] == [
+        {
+            "reason": "multiple devices",
+            "count": 1,
+            "example": "skipping cudagraphs due to multiple devices:",
+            "file": __file__,
+            "line": line,
+            "function": "test_a_real_reduce_overhead_compile_on_cpu_shows_its_skip_reason_and_site",
+        }
+    ]
+    torch._dynamo.reset()
