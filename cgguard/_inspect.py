@@ -416,7 +416,9 @@ class Inspector(Watcher):
         # A reconfiguration took inspection off (or made a new inspector): this one's captures
         # still under way stop judging at once, as its RNG hooks have come off. Their modes
         # come off at their capture_end, as ever.
-        for watch in list(_open):
+        with _open_lock:
+            watches = list(_open)
+        for watch in watches:
             if watch.inspector is self:
                 watch.on = False
 

@@ -3,11 +3,14 @@ refused at replay, RNG calls during a capture, and what broke a capture that fai
 
 from __future__ import annotations
 
+import _thread
+import functools
 import gc
 import os
 import subprocess
 import sys
 import threading
+import time
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -901,3 +904,26 @@ def test_an_rng_call_at_a_scripts_top_level_during_a_capture_is_refused(tmp_path
         [sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False
     )
     assert (done.stdout, done.stderr) == ("refused\n", "")
+
+
+@pytest.mark.simulated
+def test_an_op_from_a_thread_with_no_python_frames_is_inspected(
+    sim: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An op dispatched to the mode from a thread with no Python frames of its own (as
+    autograd's device threads call it): its input is held, with the stack there is (torch's
+    _disable_dynamo wrapper's frames), and no internal error."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    x = torch.arange(3.0)
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        watch = _inspect._watches()[-1]
+        assert watch.inputs is not None
+        seen = watch.inputs.seen
+        # functools.partial is no Python frame: the mode's own is the thread's first.
+        entry = functools.partial(watch.mode.__torch_dispatch__, torch.ops.aten.add.Tensor, ())
+        _thread.start_new_thread(entry, ((x, x),))
+        deadline = time.monotonic() + 20
+        while x.untyped_storage().data_ptr() not in seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+    held = seen.get(x.untyped_storage().data_ptr())
+    assert (type(held), capsys.readouterr().err) == (_liveness.Input, "")
