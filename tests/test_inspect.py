@@ -489,6 +489,26 @@ def test_a_mode_left_open_past_capture_end_stays_on_the_stack(sim: Any) -> None:
 
 
 @pytest.mark.simulated
+def test_a_mode_left_open_past_capture_end_keeps_torchs_mode_flags(sim: Any) -> None:
+    """A user's mode (one that does not ignore compile internals) entered inside an inspected
+    capture and left open past capture_end: torch's "in such a mode" flag stays set while it
+    is on the stack, and is clear once it leaves, as without cgguard."""
+    from torch.utils._python_dispatch import is_in_any_mode_without_ignore_compile_internals
+
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    user = Counting()
+    with torch.cuda.stream(stream):
+        graph.capture_begin()
+        user.__enter__()
+        graph.capture_end()
+    during = is_in_any_mode_without_ignore_compile_internals()
+    user.__exit__(None, None, None)
+    after = is_in_any_mode_without_ignore_compile_internals()
+    assert (during, after, _stack_depth()) == (True, False, 0)
+
+
+@pytest.mark.simulated
 def test_autograd_keep_graph_and_shared_pools_still_capture(sim: Any) -> None:
     """Autograd inside an inspected capture, keep_graph=True and two graphs sharing one pool
     capture and replay as without inspection."""
