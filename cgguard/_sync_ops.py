@@ -57,7 +57,10 @@ def _to_copy(args: tuple[Any, ...], kwargs: Mapping[str, Any], on_device: OnDevi
     device = kwargs.get("device")
     if device is None or not args:
         return False
-    to_device = not str(device).startswith("cpu")
+    target = str(device)
+    if not target.startswith(("cpu", "cuda")):
+        return False  # meta, another accelerator: no CUDA copy
+    to_device = target.startswith("cuda")
     from_device = on_device(args[0])
     if to_device == from_device:
         return False  # device to device (or host to host): no host wait

@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import cgguard
 from cgguard import _inspect, _liveness
+from cgguard._sync_ops import SYNC_OPS, syncs
 from cgguard.testing import capture_violations, simulated_cuda
 from cgguard.testing._simcuda import SimulatedCudaError
 
@@ -886,6 +887,13 @@ def test_the_cuda_predicate_takes_any_argument() -> None:
     tensors to the sync table; a dense CPU tensor is not one either."""
     sparse = torch.zeros(3).to_sparse()
     assert [_inspect._is_cuda(v) for v in (True, None, [1], sparse, torch.zeros(2))] == [False] * 5
+
+
+def test_the_sync_table_judges_torch_uniques_arguments_with_the_cuda_predicate() -> None:
+    """torch.unique's aten::_unique2 gets bools beside its tensor: with the CUDA predicate a
+    host call is judged not to synchronize, with no error."""
+    op = SYNC_OPS["aten::_unique2"]
+    assert syncs(op, (torch.zeros(3), True, False, False), {}, _inspect._is_cuda) is False
 
 
 @pytest.mark.simulated

@@ -73,6 +73,7 @@ NUMBER, GPU_SCALAR = Fake("cpu", shape=()), Fake(shape=())
         ("aten::_to_copy", (HOST,), {"device": "cuda"}, True),
         ("aten::_to_copy", (HOST,), {"device": "cuda:0", "non_blocking": True}, False),
         ("aten::_to_copy", (GPU,), {"device": "cuda"}, False),
+        ("aten::_to_copy", (HOST,), {"device": "meta"}, False),
         ("aten::copy_", (HOST, GPU), {}, True),
         ("aten::copy_", (HOST, GPU, True), {}, True),  # into pageable memory: waits anyway
         ("aten::copy_", (PINNED, GPU, True), {}, False),
