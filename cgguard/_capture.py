@@ -40,7 +40,7 @@ from cgguard._frames import snapshot, with_stack
 from cgguard._threads import this_thread
 from cgguard._violations import QUERIES
 from cgguard._warn import warn_once
-from cgguard._watch import ABANDONED, ENDED, FAILED
+from cgguard._watch import ABANDONED, ENDED, FAILED, forget_graph
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -230,6 +230,7 @@ class Tracker:
                 self._recheck_concurrent(record, seen)
         active = self.active
         previous = active.get(graph)  # a capture into this graph already under way, if any
+        forget_graph(instance)  # what a watcher kept for this graph's earlier capture
         tokens = self._opening(instance, record, args, kwargs) if self.watchers else None
         try:
             # Recorded first: an interrupt right after torch began the capture must not leave

@@ -1,16 +1,25 @@
 """Inspection: each capture watched op by op, from its capture_begin to its capture_end, and each
 replay of a graph it made checked for inputs that died.
 
-A ``TorchDispatchMode`` is entered on the capturing thread just before torch's capture_begin
-and left once its capture_end has returned (or failed): it sees every aten op the capture's
-Python code dispatches, as torch's own ``check_input_liveness`` tracker does
+A ``TorchDispatchMode`` is put on the capturing thread's dispatch-mode stack just before torch's
+capture_begin and taken off once its capture_end has returned (or failed): it sees every aten op
+the capture's Python code dispatches, as torch's own ``check_input_liveness`` tracker does
 (torch/utils/_cuda_debug.py). A dispatch mode is thread-local, so another thread's ops are not
 seen; its Python-level synchronizes stay covered by sync_during_capture.
+
+The mode goes at the bottom of the stack, below the program's own modes, and never through
+``TorchDispatchMode.__enter__``/``__exit__``: torch's ``__exit__`` pops whatever mode is on top,
+and each mode's ``__enter__`` saves and ``__exit__`` restores torch's process-wide "in a mode"
+flags in stack order. Kept out of both, the program's modes push, pop and flag exactly as they
+would without cgguard, however they nest around the capture. A capture ended on another thread
+(a relaxed capture may be) leaves its mode silent on the capturing thread until that thread's
+next RNG call or capture_begin takes it off: a thread's mode stack is its own.
 
 - implicit_sync: an op of cgguard._sync_ops's table on a device tensor is reported before it
   runs, and refused in raise mode, so the capture is not invalidated.
 - rng_during_capture: torch.cuda's seeding and RNG-state functions, wrapped while inspection
-  is on, are reported before torch refuses them.
+  is on, are reported before torch refuses them, and only where torch refuses them (see
+  ``rng_refused``).
 - dead_input: the capture's external inputs are held by weak references (cgguard._liveness);
   a replay of a graph whose input was freed or moved is reported, and refused in raise mode.
 - a capture_end that fails because the capture was invalidated is told the first offending
@@ -31,10 +40,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 from cgguard import _liveness, _state
 from cgguard._checks import BEGAN_AT, MODE, THREAD
-from cgguard._frames import innermost_visible, render, resolve, snapshot, where
-from cgguard._sync_ops import SYNC_OPS, syncs
+from cgguard._frames import innermost_visible, render, resolve, where
+from cgguard._liveness import stack_above
+from cgguard._sync_ops import SYNC_OPS, every_tensor, syncs
 from cgguard._warn import warn_once
-from cgguard._watch import ENDED, FAILED, Watcher
+from cgguard._watch import ENDED, FAILED, GRAPH_NOTES, Watcher
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -52,12 +62,11 @@ simulation: Any = None
 
 # Where a graph captured under inspection keeps its external inputs (cgguard._liveness.Inputs):
 # on the graph itself, so they go with it, and a replay finds them in one look-up.
-_INPUTS = "_cgguard_inputs"
+_INPUTS = GRAPH_NOTES
 
-# torch.cuda's functions that seed the CUDA generator or read or set its state; torch's
-# CUDAGeneratorImpl refuses each during a capture (aten/src/ATen/cuda/CUDAGeneratorImpl.cpp,
-# at::cuda::assertNotCapturing). torch.manual_seed and torch.seed reach manual_seed_all and
-# seed_all through torch.cuda's attributes, looked up at each call (torch/random.py).
+# torch.cuda's functions that seed the CUDA generator or read or set its state, each judged by
+# rng_refused. torch.manual_seed and torch.seed reach manual_seed_all and seed_all through
+# torch.cuda's attributes, looked up at each call (torch/random.py).
 RNG_FUNCTIONS = (
     "manual_seed",
     "manual_seed_all",
@@ -98,32 +107,44 @@ class Watch:
         self.inspector = inspector
         self.graph = graph
         self.record = record
-        self.on = True  # False once the capture is over: a mode left on a stack only forwards
+        self.on = True  # False once the capture is over or its inspector retired: it forwards
+        self.closed = False  # the capture is over: the mode comes off its thread's stack
+        self.pushed = False  # whether the mode is on its thread's dispatch-mode stack
         # None where torch's own check_input_liveness tracks this capture's inputs.
         self.inputs = _liveness.Inputs(record) if live else None
         self.offender: ViolationEvent | None = None  # the first call reported and let through
-        self.ident = threading.get_ident()
+        # The thread itself, not its id: an id is reused once its thread has ended.
+        self.thread = threading.current_thread()
         self.mode: Any = None
         # What stands for a device tensor: any tensor on the simulation, a CUDA tensor on CUDA.
         self.every_tensor = simulation is not None
-        self.on_device: Callable[[Any], bool] = _any_tensor if simulation else _is_cuda
+        self.on_device: Callable[[Any], bool] = every_tensor if simulation else _is_cuda
 
     def enter(self) -> None:
+        _forget_closed()  # captures of this thread that another thread ended
         self.mode = _mode_type()(self)
-        self.mode.__enter__()
+        _push_below(self.mode)
+        self.pushed = True
         _watches().append(self)
         _listen(self, opened=True)
 
     def leave(self) -> None:
-        """Take the mode off this thread's stack; on another thread, only silence it."""
+        """The capture is over: silence the mode, and take it off its thread's stack if this
+        is that thread; otherwise that thread's next RNG call or capture_begin does."""
         self.on = False
+        self.closed = True
         _listen(self, opened=False)
+        if self.thread is threading.current_thread():
+            self.take_off()
+
+    def take_off(self) -> None:
+        """Take the mode off this thread's stack and the watch off its list (its own thread)."""
         watches = _watches()
         if self in watches:
             watches.remove(self)
-        if self.ident != threading.get_ident() or self.mode is None:
-            return
-        _pop_mode(self.mode)
+        if self.pushed:
+            self.pushed = False
+            _remove_mode(self.mode)
 
     # The dispatch mode's work, each op.
 
@@ -151,12 +172,31 @@ class Watch:
             sim.implicit_sync(name)
 
 
-def _any_tensor(value: Any) -> bool:
-    return True
-
-
 def _is_cuda(value: Any) -> bool:
-    return bool(value.is_cuda)
+    """Whether ``value`` is a strided CUDA tensor: an op's argument may be anything (a bool, a
+    list), and a sparse tensor has no storage of its own to copy or index."""
+    torch = sys.modules["torch"]
+    return isinstance(value, torch.Tensor) and value.is_cuda and value.layout == torch.strided
+
+
+def _forget_closed() -> None:
+    """Take off this thread's stack the modes of its captures that another thread ended."""
+    watches = getattr(_local, "watches", None)
+    if watches:
+        for watch in [w for w in watches if w.closed]:
+            watch.take_off()
+
+
+def _judging() -> Watch | None:
+    """This thread's innermost inspected capture that is still judged, if any."""
+    watches: list[Watch] | None = getattr(_local, "watches", None)
+    if not watches:
+        return None
+    _forget_closed()
+    for watch in reversed(watches):
+        if watch.on:
+            return watch
+    return None
 
 
 @functools.cache
@@ -166,6 +206,8 @@ def _mode_type() -> type:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     tensor = torch.Tensor
+    # torch.tensor(...) inside the capture: its value is made below the dispatcher, then lifted.
+    lift_fresh = torch.ops.aten.lift_fresh.default
     unknown = object()
     # Each op's table entry, found once per OpOverload: then one dictionary look-up per op.
     known: dict[Any, SyncOp | None] = {}
@@ -185,7 +227,7 @@ def _mode_type() -> type:
             # releases never ask): see the module's docstring.
             return True
 
-        def __torch_dispatch__(  # noqa: PLR0912 - the hot path, inlined on purpose
+        def __torch_dispatch__(  # noqa: PLR0912, PLR0915 - the hot path, inlined on purpose
             self,
             func: Any,
             types: Any,
@@ -209,18 +251,36 @@ def _mode_type() -> type:
             if inputs is None:
                 return func(*args, **kwargs)
             every, seen = watch.every_tensor, inputs.seen
+            if func is lift_fresh:
+                # A tensor the capture made (torch.tensor(2.0)): its own, not an input.
+                out = func(*args, **kwargs)
+                for value in (*args, out):
+                    if isinstance(value, tensor):
+                        try:
+                            inputs.made(value.untyped_storage().data_ptr())
+                        except Exception:  # noqa: S112 - no storage of its own: nothing to hold
+                            continue
+                return out
+            # out= tensors are read as inputs too: the graph writes where they live.
+            scanned = (*args, *kwargs.values()) if kwargs else args
             try:
-                for arg in args:
+                for arg in scanned:
                     if isinstance(arg, tensor):
                         if every or arg.is_cuda:
-                            storage = arg.untyped_storage()
+                            try:
+                                storage = arg.untyped_storage()
+                            except Exception:  # noqa: S112 - sparse: no storage to hold
+                                continue
                             address = storage.data_ptr()
                             if address and address not in seen:
                                 inputs.read(storage, address, arg)
                     elif type(arg) is list or type(arg) is tuple:
                         for item in arg:
                             if isinstance(item, tensor) and (every or item.is_cuda):
-                                storage = item.untyped_storage()
+                                try:
+                                    storage = item.untyped_storage()
+                                except Exception:  # noqa: S112 - sparse: no storage to hold
+                                    continue
                                 address = storage.data_ptr()
                                 if address and address not in seen:
                                     inputs.read(storage, address, item)
@@ -230,13 +290,19 @@ def _mode_type() -> type:
             try:
                 if isinstance(out, tensor):
                     if every or out.is_cuda:
-                        address = out.untyped_storage().data_ptr()
+                        try:
+                            address = out.untyped_storage().data_ptr()
+                        except Exception:
+                            address = 0
                         if address and address not in seen:
                             seen[address] = None  # the capture's own allocation
                 elif type(out) is tuple or type(out) is list:
                     for value in out:
                         if isinstance(value, tensor) and (every or value.is_cuda):
-                            address = value.untyped_storage().data_ptr()
+                            try:
+                                address = value.untyped_storage().data_ptr()
+                            except Exception:  # noqa: S112 - sparse: no storage to hold
+                                continue
                             if address and address not in seen:
                                 seen[address] = None
             except Exception as exc:
@@ -253,29 +319,37 @@ def _entry(func: Any) -> SyncOp | None:
         return None
 
 
-def _pop_mode(mode: Any) -> None:
-    """Take ``mode`` off this thread's dispatch-mode stack, wherever it is on it.
+def _push_below(mode: Any) -> None:
+    """Put ``mode`` at the bottom of this thread's dispatch-mode stack, the program's modes back
+    above it in their order, without torch's __enter__ (see the module's docstring)."""
+    from torch._C import (
+        _len_torch_dispatch_stack,
+        _pop_torch_dispatch_stack,
+        _push_on_torch_dispatch_stack,
+    )
+    from torch.utils._python_dispatch import _push_mode
 
-    Usually it is on top, and torch's own ``__exit__`` takes it off. A mode the program entered
-    inside the capture and left open past its capture_end is above it: those are taken off,
-    and put back in order, once it is gone.
-    """
+    above = [_pop_torch_dispatch_stack(None) for _ in range(_len_torch_dispatch_stack())]
     try:
-        from torch.utils._python_dispatch import _get_current_dispatch_mode
+        _push_on_torch_dispatch_stack(mode)
+    finally:
+        for other in reversed(above):
+            _push_mode(other)
 
-        leaving: Any = mode
-        if _get_current_dispatch_mode() is mode:
-            leaving.__exit__(None, None, None)
-            return
+
+def _remove_mode(mode: Any) -> None:
+    """Take ``mode`` off this thread's dispatch-mode stack, wherever it is on it, and put the
+    modes above it back in their order; torch's "in a mode" flags are left as they are."""
+    try:
         from torch._C import _len_torch_dispatch_stack, _pop_torch_dispatch_stack
         from torch.utils._python_dispatch import _push_mode
 
         above = []
         for _ in range(_len_torch_dispatch_stack()):
-            if _get_current_dispatch_mode() is mode:
-                leaving.__exit__(None, None, None)
+            top = _pop_torch_dispatch_stack(None)
+            if top is mode:
                 break
-            above.append(_pop_torch_dispatch_stack(None))
+            above.append(top)
         # Put back, found or not (a forked child's stack may not hold it).
         for other in reversed(above):
             _push_mode(other)
@@ -296,7 +370,8 @@ class Inspector(Watcher):
     # The capture path's calls (cgguard._watch).
 
     def opening(self, graph: Any, record: Record, args: tuple[Any, ...], kwargs: Any) -> Any:
-        vars(graph).pop(_INPUTS, None)  # what an earlier capture into this graph read
+        # What an earlier capture into this graph read is gone already (cgguard._watch.forget_graph,
+        # at every capture_begin, inspected or not).
         if self.first is not None and not self._counts(record):
             return None
         watch = Watch(self, graph, record, live=not _torch_tracks(args, kwargs))
@@ -326,8 +401,10 @@ class Inspector(Watcher):
 
     def after_fork(self) -> None:
         global _open_lock
-        for watch in _watches():
+        # The forking thread is the child's only one: its captures' modes come off its stack.
+        for watch in list(_watches()):
             watch.on = False
+            watch.take_off()
         _local.watches = []
         # Another thread may have held the lock at the fork; its captures are not the child's.
         _open_lock = threading.Lock()
@@ -335,11 +412,21 @@ class Inspector(Watcher):
         if _offended in _state.LISTENERS:
             _state.LISTENERS.remove(_offended)
 
+    def retired(self) -> None:
+        # A reconfiguration took inspection off (or made a new inspector): this one's captures
+        # still under way stop judging at once, as its RNG hooks have come off. Their modes
+        # come off at their capture_end, as ever.
+        with _open_lock:
+            watches = list(_open)
+        for watch in watches:
+            if watch.inspector is self:
+                watch.on = False
+
     def hooks(self) -> list[tuple[Any, str, Callable[[Any], Any]]]:
         """torch.cuda's RNG functions, wrapped while inspection is on."""
         owners = [sys.modules.get("torch.cuda"), sys.modules.get("torch.cuda.random")]
         return [
-            (owner, name, functools.partial(self._rng_hook, f"torch.cuda.{name}"))
+            (owner, name, functools.partial(self._rng_hook, name))
             for owner in owners
             if owner is not None
             for name in RNG_FUNCTIONS
@@ -356,8 +443,10 @@ class Inspector(Watcher):
         *,
         why: str = "",
         more: Mapping[str, Snapshot | None] | None = None,
+        depth: int = 3,
     ) -> CaptureViolation | None:
-        stack = snapshot(3)
+        # Clamped: a script's top level, or a thread of torch's own, may be shallower.
+        stack = stack_above(depth)
         reporter = self.installation.reporter  # read once: a reconfiguration swaps it whole
         return reporter.violated([(rule, record)], api, stack, refuse=True, why=why, more=more)
 
@@ -380,17 +469,21 @@ class Inspector(Watcher):
         self.sites[key] = (code, count)  # the code kept: its id is not reused meanwhile
         return count <= (self.first or 0)
 
-    def _rng_hook(self, api: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def _rng_hook(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        api = f"torch.cuda.{name}"
+
         @functools.wraps(original)
         def rng(*args: Any, **kwargs: Any) -> Any:
-            watches = getattr(_local, "watches", None)
-            if watches:  # nothing inspected captures on this thread: one test
-                watch = watches[-1]
+            if getattr(_local, "watches", None):  # nothing inspected on this thread: one test
+                error = None
                 try:
-                    error = watch.inspector.violated("rng_during_capture", watch.record, api)
+                    watch = _judging()
+                    if watch is not None and rng_refused(name, args, kwargs):
+                        error = watch.inspector.violated(
+                            "rng_during_capture", watch.record, api, depth=2
+                        )
                 except Exception as exc:
                     warn_once("inspect:rng", f"internal error while inspecting a call: {exc!r}")
-                    error = None
                 if error is not None:
                     raise error
             return original(*args, **kwargs)
@@ -398,26 +491,32 @@ class Inspector(Watcher):
         return rng
 
     def _check_replay(self, graph: Any, inputs: _liveness.Inputs) -> None:
+        """Report each dead input; refuse the replay at the first where the rule raises. One
+        that is only logged is reported once and forgotten: the graph is healthy again, and
+        its later replays cost the one test, not a walk and a report each."""
+        error = None
         try:
             dead = [(i, how) for i, how in inputs.dead() if not _in_pool(graph, i, how)]
-            if not dead:
-                inputs.healthy = True
-                return
-            item, how = dead[0]
-            if how == "freed":
-                why = (
-                    f"was freed at {{freed_stack}} ({item.described}, first read by the "
-                    f"capture at {{read_stack}})"
+            for item, how in dead:
+                if how == "freed":
+                    why = (
+                        f"was freed at {{freed_stack}} ({item.described}, first read by the "
+                        f"capture at {{read_stack}})"
+                    )
+                else:
+                    why = (
+                        f"now has another address, its storage resized or replaced "
+                        f"({item.described}, first read by the capture at {{read_stack}})"
+                    )
+                more = {"read_stack": item.read_at, "freed_stack": item.freed_at}
+                error = self.violated(
+                    "dead_input", inputs.record, "CUDAGraph.replay", why=why, more=more
                 )
+                if error is not None:
+                    break
+                inputs.forget(item)
             else:
-                why = (
-                    f"now has another address, its storage resized or replaced ({item.described}, "
-                    f"first read by the capture at {{read_stack}})"
-                )
-            more = {"read_stack": item.read_at, "freed_stack": item.freed_at}
-            error = self.violated(
-                "dead_input", inputs.record, "CUDAGraph.replay", why=why, more=more
-            )
+                inputs.healthy = True
         except Exception as exc:
             warn_once("inspect:replay", f"internal error while checking a replay: {exc!r}")
             return
@@ -440,6 +539,82 @@ class Inspector(Watcher):
                 add_note(f"cgguard: {said}")
         except Exception as exc:
             warn_once("inspect:broke", f"internal error while explaining a capture: {exc!r}")
+
+
+# What torch's CUDAGeneratorImpl refuses during a capture
+# (aten/src/ATen/cuda/CUDAGeneratorImpl.cpp):
+# - seed() (torch.cuda.seed, seed_all): assertNotCapturing("Cannot call CUDAGeneratorImpl::seed"),
+#   in every release.
+# - Before torch 2.10, everything else too: set_current_seed (manual_seed, and set_state through
+#   it) and current_seed (which get_state reads) each call assertNotCapturing.
+# - From torch 2.10 (pytorch/pytorch#162505, "Make torch.cuda.rng_set_state() and
+#   torch.cuda.rng_get_state() work during stream capture"), current_seed() checks nothing, so
+#   get_state (get_rng_state) is allowed; set_current_seed, during a capture, only
+#   TORCH_CHECKs that the seed is unchanged ("can be called during stream capture only if new
+#   seed is the same as the original seed"), a no-op; set_philox_offset_per_thread stores the
+#   offset into the capture's own state. So manual_seed and set_rng_state are refused only
+#   when they change the seed: torch.utils.checkpoint(preserve_rng_state=True) inside a graph
+#   rewinds the offset with get/set_rng_state and is allowed.
+_RNG_IN_CAPTURE_SINCE = (2, 10)
+
+
+def rng_refused(name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+    """Whether torch refuses ``torch.cuda.<name>(*args, **kwargs)`` during a capture."""
+    if name in ("seed", "seed_all"):
+        return True
+    if _torch_version() < _RNG_IN_CAPTURE_SINCE:
+        return True
+    if name in ("get_rng_state", "get_rng_state_all"):
+        return False
+    try:
+        return any(seed != current_seed(index) for index, seed in _seeds_set(name, args, kwargs))
+    except Exception:
+        return True  # not known (no CUDA generator to read): reported, as torch may refuse it
+
+
+def _seeds_set(
+    name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> list[tuple[int, int]]:
+    """The (device index, seed) pairs a manual_seed or set_rng_state call would set."""
+    torch = sys.modules["torch"]
+    count = torch.cuda.device_count()
+    if name in ("manual_seed", "manual_seed_all"):
+        seed = int(args[0] if args else kwargs["seed"]) & 0xFFFF_FFFF_FFFF_FFFF
+        if name == "manual_seed":
+            return [(torch.cuda.current_device(), seed)]
+        # No device counted (the simulation): device 0's, whose seed is then not known.
+        return [(index, seed) for index in range(count or 1)]
+    if name == "set_rng_state":
+        state = args[0] if args else kwargs["new_state"]
+        device = args[1] if len(args) > 1 else kwargs.get("device", "cuda")
+        if isinstance(device, int):
+            index: int | None = device
+        else:
+            index = torch.device(device).index
+        if index is None:
+            index = torch.cuda.current_device()
+        return [(index, _seed_in(state))]
+    # set_rng_state_all(new_states)
+    states = args[0] if args else kwargs["new_states"]
+    return [(index, _seed_in(state)) for index, state in enumerate(states)]
+
+
+def _seed_in(state: Any) -> int:
+    """The seed a CUDA RNG state holds: its first 8 bytes (CUDAGeneratorImpl::set_state)."""
+    return int.from_bytes(state.numpy().tobytes()[:8], sys.byteorder)
+
+
+def current_seed(index: int) -> int:
+    """The seed of device ``index``'s default CUDA generator (allowed during a capture from
+    torch 2.10)."""
+    torch = sys.modules["torch"]
+    return int(torch.cuda.default_generators[index].initial_seed())
+
+
+def _torch_version() -> tuple[int, int]:
+    version = str(getattr(sys.modules.get("torch"), "__version__", "0.0"))
+    major, minor = version.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c in "0123456789") or 0)
 
 
 def _torch_tracks(args: tuple[Any, ...], kwargs: Any) -> bool:

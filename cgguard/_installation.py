@@ -58,6 +58,9 @@ class Installation:
     def watch(self, watchers: tuple[Watcher, ...]) -> None:
         """Follow captures with ``watchers`` from now on (the tracker's, once torch is patched);
         the replay hook goes on or comes off with them."""
+        for old in self.watchers:
+            if old not in watchers:
+                old.retired()
         self.watchers = watchers
         if self.tracker is not None:
             self.tracker.watchers = watchers

@@ -48,16 +48,31 @@ def _no_output_size(args: tuple[Any, ...], kwargs: Mapping[str, Any], on_device:
     return kwargs.get("output_size") is None and _on_device(args[:1], on_device)
 
 
-def _to_host(args: tuple[Any, ...], kwargs: Mapping[str, Any], on_device: OnDevice) -> bool:
-    # _to_copy(self, *, dtype, layout, device, pin_memory, non_blocking, memory_format): a copy
-    # of a device tensor to the host (x.cpu(), x.to("cpu"), x.tolist()).
+def _to_copy(args: tuple[Any, ...], kwargs: Mapping[str, Any], on_device: OnDevice) -> bool:
+    # _to_copy(self, *, dtype, layout, device, pin_memory, non_blocking, memory_format): x.cpu(),
+    # x.to("cpu"), x.tolist(), cpu_t.cuda(). aten/src/ATen/native/TensorConversions.cpp: _to_copy
+    # allocates the result and calls r.copy_(self, non_blocking); a non-blocking copy from the
+    # device to the host allocates that result pinned (pin_out), so the copy stays asynchronous.
+    # Judged as that copy_ is, into a fresh host tensor that is pinned exactly when non_blocking.
     device = kwargs.get("device")
-    return on_device(args[0]) and device is not None and str(device).startswith("cpu")
+    if device is None or not args:
+        return False
+    target = str(device)
+    if not target.startswith(("cpu", "cuda")):
+        return False  # meta, another accelerator: no CUDA copy
+    to_device = target.startswith("cuda")
+    from_device = on_device(args[0])
+    if to_device == from_device:
+        return False  # device to device (or host to host): no host wait
+    return not kwargs.get("non_blocking", False)
 
 
 def _blocking_copy(args: tuple[Any, ...], kwargs: Mapping[str, Any], on_device: OnDevice) -> bool:
-    # copy_(self, src, non_blocking=False): between host and device, a blocking copy waits for
-    # the stream; a copy into pageable host memory waits whatever non_blocking says.
+    # copy_(self, src, non_blocking=False). aten/src/ATen/native/cuda/Copy.cu: copy_kernel_cuda
+    # issues cudaMemcpyAsync between host and device and, for non_blocking=False, then waits for
+    # the stream (at::cuda::stream_synchronize), whichever way the copy goes; a copy into pageable
+    # host memory waits whatever non_blocking says (CUDA Runtime API, API synchronization
+    # behavior: a device-to-pageable-host copy returns once it is done).
     if len(args) < 2:
         return False
     dst, src = args[0], args[1]
@@ -68,6 +83,41 @@ def _blocking_copy(args: tuple[Any, ...], kwargs: Mapping[str, Any], on_device: 
     if not non_blocking:
         return True
     return not dst_device and not _pinned(dst)
+
+
+def _mask_index_put(args: tuple[Any, ...], kwargs: Mapping[str, Any], on_device: OnDevice) -> bool:
+    # index_put_(self, indices, values, accumulate=False): `x[mask] = 0.0`. torch's
+    # _index_put_impl_ (aten/src/ATen/native/TensorAdvancedIndexing.cpp) first asks
+    # canDispatchToMaskedFill (TensorAdvancedIndexingUtils.h): with accumulate False, a value of
+    # one element on the CPU, and exactly one defined index, bool or uint8 and on self's device,
+    # it runs self.masked_fill_(mask, value.item()) - no nonzero(), no host wait (the value's
+    # item() reads host memory). Otherwise the bool index goes through nonzero() as for index.
+    if not _bool_index(args, kwargs, on_device):
+        return False
+    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    value = args[2] if len(args) > 2 else kwargs.get("values")
+    indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+    defined = [index for index in indices or () if index is not None]
+    return bool(accumulate) or len(defined) != 1 or not _host_scalar(value, on_device)
+
+
+def _host_scalar(value: Any, on_device: OnDevice) -> bool:
+    """Whether ``value`` is one element in host memory (what `x[mask] = 0.0` passes)."""
+    try:
+        if value is None or value.numel() != 1:
+            return False
+        if on_device is every_tensor:
+            # The simulation: every tensor stands for a device tensor, so the Python number
+            # that `x[mask] = 0.0` wraps (a 0-dim host tensor on CUDA too) is told by its shape.
+            return bool(value.dim() == 0)
+        return not on_device(value)
+    except Exception:
+        return False
+
+
+def every_tensor(value: Any) -> bool:
+    """What stands for a device tensor on the simulation: any tensor (told by duck type)."""
+    return hasattr(value, "untyped_storage")
 
 
 def _pinned(tensor: Any) -> bool:
@@ -103,16 +153,18 @@ SYNC_OPS: dict[str, SyncOp] = {
         _bool_index,
     ),
     "aten::index_put_": SyncOp(
-        "x[mask] = value, assigning through a boolean mask",
+        "x[mask] = value, assigning through a boolean mask a value that is not one host number",
         "aten/src/ATen/native/IndexingUtils.h: expandTensors turns a bool or uint8 index into "
-        "positions with nonzero(), which reads its count on the host",
-        _bool_index,
+        "positions with nonzero(), which reads its count on the host, unless _index_put_impl_ "
+        "(TensorAdvancedIndexing.cpp) dispatches to masked_fill_ (canDispatchToMaskedFill)",
+        _mask_index_put,
     ),
     "aten::index_put": SyncOp(
-        "x.index_put(indices, value) with a boolean mask",
+        "x.index_put(indices, value) with a boolean mask and a value that is not one host number",
         "aten/src/ATen/native/IndexingUtils.h: expandTensors turns a bool or uint8 index into "
-        "positions with nonzero(), which reads its count on the host",
-        _bool_index,
+        "positions with nonzero(), which reads its count on the host, unless _index_put_impl_ "
+        "(TensorAdvancedIndexing.cpp) dispatches to masked_fill_ (canDispatchToMaskedFill)",
+        _mask_index_put,
     ),
     "aten::_unique2": SyncOp(
         "torch.unique() or x.unique()",
@@ -155,11 +207,13 @@ SYNC_OPS: dict[str, SyncOp] = {
         "aten/src/ATen/native/cuda/Equal.cpp: cuda_equal returns eq(self, other).all().item()",
     ),
     "aten::_to_copy": SyncOp(
-        "x.cpu(), x.to('cpu'), x.tolist() or x.numpy() of a device tensor",
+        "x.cpu(), x.to('cpu'), x.tolist() or x.numpy() of a device tensor, or cpu_t.cuda(), "
+        "without non_blocking=True",
+        "aten/src/ATen/native/TensorConversions.cpp: _to_copy copies with r.copy_(self, "
+        "non_blocking), into pinned host memory when non_blocking (pin_out); "
         "aten/src/ATen/native/cuda/Copy.cu: copy_kernel_cuda ends a blocking copy with "
-        "at::cuda::stream_synchronize, and a copy into pageable host memory is synchronous in "
-        "CUDA itself (CUDA Runtime API, API synchronization behavior)",
-        _to_host,
+        "at::cuda::stream_synchronize",
+        _to_copy,
     ),
     "aten::copy_": SyncOp(
         "dst.copy_(src) between host and device with non_blocking=False, or into pageable "

@@ -23,6 +23,18 @@ FAILED: Final = "failed"  # torch's capture_begin or capture_end raised
 ABANDONED: Final = "abandoned"  # its thread ended, or a test runner let go of it, mid-capture
 OUTCOMES: Final = (ENDED, FAILED, "refused", ABANDONED)  # "refused": see Watcher.refused
 
+# What a watcher keeps on a graph for the graph's replays (cgguard._inspect): the capture path
+# drops it at every capture_begin into that graph, watched or not, so that a replay is never
+# judged by what an earlier capture into the same graph read.
+GRAPH_NOTES: Final = "_cgguard_inputs"
+
+
+def forget_graph(graph: Any) -> None:
+    """Drop what a watcher kept on ``graph`` for an earlier capture into it (one look-up)."""
+    notes = getattr(graph, "__dict__", None)
+    if notes and GRAPH_NOTES in notes:
+        del notes[GRAPH_NOTES]
+
 
 class Watcher:
     """The base of every watcher: each method does nothing, so a watcher defines what it needs.
@@ -50,6 +62,10 @@ class Watcher:
     def replaying(self, graph: Any) -> None:
         """``graph`` is about to replay (only for a watcher that ``wants_replays``). Raise a
         CaptureViolation to refuse the replay."""
+
+    def retired(self) -> None:
+        """A reconfiguration replaced this watcher: the captures it watches that are still
+        under way get no more from it than ``closed``."""
 
     def after_fork(self) -> None:
         """A forked child's fresh start: what the parent watched is not the child's."""

@@ -3,9 +3,15 @@ refused at replay, RNG calls during a capture, and what broke a capture that fai
 
 from __future__ import annotations
 
+import _thread
+import functools
 import gc
+import os
+import subprocess
 import sys
 import threading
+import time
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -14,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import cgguard
 from cgguard import _inspect, _liveness
+from cgguard._sync_ops import SYNC_OPS, syncs
 from cgguard.testing import capture_violations, simulated_cuda
 from cgguard.testing._simcuda import SimulatedCudaError
 
@@ -136,6 +143,22 @@ def test_ops_that_do_not_synchronize_pass_untouched(sim: Any) -> None:
 
 
 @pytest.mark.simulated
+def test_assigning_a_number_through_a_mask_is_a_masked_fill(sim: Any) -> None:
+    """`x[mask] = 0.0` is torch's masked_fill_ (no nonzero, no wait): not refused; assigning
+    a tensor of values through the mask is."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    x = torch.arange(5.0)
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        x[x > 2] = 0.0
+        with pytest.raises(cgguard.ImplicitSyncError) as refused:
+            x[x > 0] = torch.ones(2)
+    assert (x.tolist(), refused.value.event["api"]) == (
+        [0.0, 1.0, 2.0, 0.0, 0.0],
+        "aten::index_put_",
+    )
+
+
+@pytest.mark.simulated
 def test_in_log_mode_a_sync_let_through_breaks_the_capture_which_names_it(
     sim: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -221,7 +244,7 @@ def test_the_graphs_own_allocations_are_not_inputs(inspected: Runtime) -> None:
 
 @pytest.mark.simulated
 def test_in_log_mode_a_dead_input_is_reported_and_the_replay_runs(sim: Any) -> None:
-    """Log mode: every replay of a graph with a dead input is reported, and runs."""
+    """Log mode: a dead input is reported at the first replay, once, and every replay runs."""
     cgguard.install(cgguard.Config(inspect=True, mode="log", log_file="/dev/null"))
     x = torch.arange(3.0)
     graph = torch.cuda.CUDAGraph()
@@ -231,7 +254,7 @@ def test_in_log_mode_a_dead_input_is_reported_and_the_replay_runs(sim: Any) -> N
     with capture_violations() as events:
         graph.replay()
         graph.replay()
-    assert [(e["rule"], e["action"]) for e in events] == [("dead_input", "logged")] * 2
+    assert [(e["rule"], e["action"]) for e in events] == [("dead_input", "logged")]
     assert [c.name for c in sim.calls].count("replay") == 2
 
 
@@ -264,20 +287,20 @@ def _replays(runtime: Runtime) -> int:
 @pytest.mark.parametrize(
     "call",
     [
-        lambda: torch.manual_seed(0),
-        lambda: torch.cuda.manual_seed(0),
-        lambda: torch.cuda.manual_seed_all(0),
+        lambda: torch.manual_seed(2),
+        lambda: torch.cuda.manual_seed(2),
+        lambda: torch.cuda.manual_seed_all(2),
         # Looked up at the call: cgguard wraps them after collection.
         lambda: torch.cuda.seed(),  # noqa: PLW0108
         lambda: torch.cuda.seed_all(),  # noqa: PLW0108
-        lambda: torch.cuda.get_rng_state(),  # noqa: PLW0108
-        lambda: torch.cuda.set_rng_state(torch.zeros(16, dtype=torch.uint8)),
     ],
-    ids=["torch.manual_seed", "manual_seed", "manual_seed_all", "seed", "seed_all", "get", "set"],
+    ids=["torch.manual_seed", "manual_seed", "manual_seed_all", "seed", "seed_all"],
 )
 def test_an_rng_call_during_a_capture_names_the_capture(inspected: Runtime, call: Any) -> None:
-    """Each of torch.cuda's seeding and RNG-state functions, called during an inspected capture,
-    is refused before torch sees it, naming where the capture began."""
+    """Each call that torch refuses during a capture (a changed seed, a new random seed),
+    made during an inspected capture, is refused before torch sees it, naming where the
+    capture began."""
+    torch.manual_seed(1)  # outside any capture: the seed the calls above change
     with torch.cuda.graph(torch.cuda.CUDAGraph()):  # rng-capture
         with pytest.raises(cgguard.RngDuringCaptureError) as refused:
             call()
@@ -285,6 +308,62 @@ def test_an_rng_call_during_a_capture_names_the_capture(inspected: Runtime, call
     assert event["rule"] == "rng_during_capture"
     assert innermost(event["capture_stack"]) == line_of("rng-capture")
     assert f"{HERE}:{line_of('rng-capture')}" in event["message"]
+
+
+def _state(seed: int, offset: int) -> torch.Tensor:
+    """A CUDA RNG state as torch lays it out: the seed, then the Philox offset, 8 bytes each."""
+    raw = seed.to_bytes(8, sys.byteorder) + offset.to_bytes(8, sys.byteorder)
+    return torch.tensor(list(raw), dtype=torch.uint8)
+
+
+# What CUDAGeneratorImpl.cpp refuses during a capture from torch 2.10, the current seed being 7.
+RNG_SINCE_2_10 = [
+    ("get_rng_state", (), False),
+    ("get_rng_state_all", (), False),
+    ("manual_seed", (7,), False),
+    ("manual_seed", (8,), True),
+    ("manual_seed_all", (7,), False),
+    ("manual_seed_all", (8,), True),
+    ("seed", (), True),
+    ("seed_all", (), True),
+    ("set_rng_state", (_state(7, 4),), False),  # checkpoint rewinding the offset
+    ("set_rng_state", (_state(8, 0),), True),
+    ("set_rng_state_all", ([_state(7, 8)],), False),
+    ("set_rng_state_all", ([_state(9, 8)],), True),
+]
+
+
+@pytest.mark.parametrize(("name", "args", "expected"), RNG_SINCE_2_10)
+@pytest.mark.parametrize("version", [(2, 13), (2, 9)])
+def test_only_the_rng_calls_torch_refuses_in_a_capture_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    args: tuple[Any, ...],
+    expected: bool,
+    version: tuple[int, int],
+) -> None:
+    """From torch 2.10 a capture may read the RNG state and set it with an unchanged seed;
+    before, torch refuses every call; seed() is always refused."""
+    monkeypatch.setattr(_inspect, "_torch_version", lambda: version)
+    monkeypatch.setattr(_inspect, "current_seed", lambda index: 7)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert _inspect.rng_refused(name, args, {}) is (expected if version >= (2, 10) else True)
+
+
+@pytest.mark.simulated
+def test_an_unchanged_seed_set_during_a_capture_passes(
+    sim: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch.cuda.manual_seed with the seed the generator already has is a no-op torch allows
+    during a capture (torch 2.10 and later): it is not reported."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    monkeypatch.setattr(_inspect, "_torch_version", lambda: (2, 13))
+    monkeypatch.setattr(_inspect, "current_seed", lambda index: 7)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    with capture_violations() as events, torch.cuda.graph(torch.cuda.CUDAGraph()):
+        torch.cuda.manual_seed(7)
+    assert events == []
 
 
 @pytest.mark.simulated
@@ -408,6 +487,26 @@ def test_a_mode_left_open_past_capture_end_stays_on_the_stack(sim: Any) -> None:
     finally:
         user.__exit__(None, None, None)
     assert torch._C._len_torch_dispatch_stack() == 0
+
+
+@pytest.mark.simulated
+def test_a_mode_left_open_past_capture_end_keeps_torchs_mode_flags(sim: Any) -> None:
+    """A user's mode (one that does not ignore compile internals) entered inside an inspected
+    capture and left open past capture_end: torch's "in such a mode" flag stays set while it
+    is on the stack, and is clear once it leaves, as without cgguard."""
+    from torch.utils._python_dispatch import is_in_any_mode_without_ignore_compile_internals
+
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    user = Counting()
+    with torch.cuda.stream(stream):
+        graph.capture_begin()
+        user.__enter__()
+        graph.capture_end()
+    during = is_in_any_mode_without_ignore_compile_internals()
+    user.__exit__(None, None, None)
+    after = is_in_any_mode_without_ignore_compile_internals()
+    assert (during, after, _stack_depth()) == (True, False, 0)
 
 
 @pytest.mark.simulated
@@ -627,3 +726,232 @@ def test_uninstall_during_an_inspected_capture_takes_the_mode_off(sim: Any) -> N
         depth = torch._C._len_torch_dispatch_stack()
         torch.arange(2.0).sum().item()  # torch's own business now
     assert depth == 0
+
+
+# Threads, forks, reconfigurations and the program's own modes
+
+
+def _stack_depth() -> int:
+    return int(torch._C._len_torch_dispatch_stack())
+
+
+@pytest.mark.simulated
+def test_a_relaxed_capture_ended_on_another_thread_leaves_no_mode_behind(sim: Any) -> None:
+    """A relaxed capture that another thread ends: the capturing thread's next RNG call finds
+    no capture open (nothing refused), and the mode is off its stack."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        graph.capture_begin(capture_error_mode="relaxed")
+
+    def end() -> None:
+        with torch.cuda.stream(stream):
+            graph.capture_end()
+
+    ender = threading.Thread(target=end)
+    ender.start()
+    ender.join()
+    with capture_violations() as events:
+        torch.cuda.manual_seed(1)
+    assert (events, _stack_depth()) == ([], 0)
+
+
+@pytest.mark.simulated
+def test_uninstall_on_another_thread_then_install_leaves_no_capture_judged(sim: Any) -> None:
+    """uninstall() on another thread during an inspected capture, then install() again once
+    the capture is over: this thread's RNG calls are not refused, and its stack is empty."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        graph.capture_begin()
+        other = threading.Thread(target=cgguard.uninstall)
+        other.start()
+        other.join()
+        graph.capture_end()
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    with capture_violations() as events:
+        torch.cuda.manual_seed(1)
+    assert (events, _stack_depth()) == ([], 0)
+
+
+@pytest.mark.simulated
+def test_a_users_mode_left_inside_the_capture_leaves_the_stack_as_without_cgguard(
+    sim: Any,
+) -> None:
+    """A mode entered before capture_begin and exited before capture_end: its own exit takes
+    it off (not cgguard's mode), the rest of the capture is still inspected, and the stack is
+    empty afterwards."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    user = Counting()
+    with torch.cuda.stream(stream):
+        user.__enter__()
+        graph.capture_begin()
+        user.__exit__(None, None, None)
+        inside = _stack_depth()
+        with pytest.raises(cgguard.ImplicitSyncError):
+            torch.arange(3.0).sum().item()
+        graph.capture_end()
+    torch.arange(2.0).mul(2)
+    assert (inside, _stack_depth(), user.ops) == (1, 0, [])
+
+
+@pytest.mark.simulated
+def test_inspection_turned_off_during_a_capture_stops_judging_it(sim: Any) -> None:
+    """install(inspect=False) while a capture is inspected: the rest of it is not judged,
+    as its RNG calls are not, and the mode leaves at capture_end."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    with capture_violations() as events:
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            cgguard.install(cgguard.Config(inspect=False, log_file="/dev/null"))
+            total = torch.arange(3.0).sum().item()  # torch's own business now
+    assert (total, events, _stack_depth()) == (3.0, [], 0)
+
+
+@pytest.mark.simulated
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_during_an_inspected_capture_has_no_mode_left(sim: Any) -> None:
+    """fork() during an inspected capture: the child's (forking) thread has no dispatch mode
+    left on its stack."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: a threaded fork
+            pid = os.fork()
+        if pid == 0:
+            os._exit(10 + _stack_depth())
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 10
+
+
+# Inputs: re-captures, tensors made in the capture, out=
+
+
+@pytest.mark.simulated
+def test_a_graph_re_captured_without_inspection_keeps_no_old_inputs(sim: Any) -> None:
+    """A graph captured inspected, reset and captured again with inspection off, replayed once
+    inspection is on again: the first capture's freed input is not its input any more."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    x, y = torch.arange(3.0), torch.arange(3.0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        x.add_(1)
+    cgguard.install(cgguard.Config(log_file="/dev/null"))
+    graph.reset()
+    with torch.cuda.graph(graph):
+        y.add_(1)
+    del x
+    gc.collect()
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    with capture_violations() as events:
+        graph.replay()
+    assert events == []
+
+
+@pytest.mark.simulated
+def test_a_tensor_the_capture_made_with_torch_tensor_is_not_an_input(sim: Any) -> None:
+    """`x * torch.tensor(2.0)` inside the capture: the scalar is the capture's own (lifted by
+    aten::lift_fresh), so its going away is no dead input."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    x = torch.arange(3.0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = x * torch.tensor(2.0)
+    gc.collect()
+    with capture_violations() as events:
+        graph.replay()
+    assert events == []
+    del y
+
+
+@pytest.mark.simulated
+def test_an_out_tensor_freed_after_the_capture_is_a_dead_input(sim: Any) -> None:
+    """An out= tensor the capture writes into is one of its inputs: freed, the replay is
+    refused."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    x, out = torch.arange(3.0), torch.empty(3)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.add(x, 1, out=out)
+    del out
+    gc.collect()
+    with pytest.raises(cgguard.DeadInputError):
+        graph.replay()
+
+
+# What stands for a device tensor, and shallow stacks
+
+
+def test_the_cuda_predicate_takes_any_argument() -> None:
+    """An op's non-tensor arguments (torch.unique's bools) and sparse tensors are no device
+    tensors to the sync table; a dense CPU tensor is not one either."""
+    sparse = torch.zeros(3).to_sparse()
+    assert [_inspect._is_cuda(v) for v in (True, None, [1], sparse, torch.zeros(2))] == [False] * 5
+
+
+def test_the_sync_table_judges_torch_uniques_arguments_with_the_cuda_predicate() -> None:
+    """torch.unique's aten::_unique2 gets bools beside its tensor: with the CUDA predicate a
+    host call is judged not to synchronize, with no error."""
+    op = SYNC_OPS["aten::_unique2"]
+    assert syncs(op, (torch.zeros(3), True, False, False), {}, _inspect._is_cuda) is False
+
+
+@pytest.mark.simulated
+def test_a_sparse_tensor_in_a_capture_is_no_internal_error(
+    sim: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A sparse tensor read inside an inspected capture has no storage to hold: it is passed
+    over without a warning."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    sparse = torch.zeros(3).to_sparse()
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        doubled = sparse * 2
+    assert (capsys.readouterr().err, doubled.to_dense().tolist()) == ("", [0.0] * 3)
+
+
+def test_an_rng_call_at_a_scripts_top_level_during_a_capture_is_refused(tmp_path: Any) -> None:
+    """torch.cuda.manual_seed at a script's top level (a shallow stack) during an inspected
+    capture is refused, not an internal error."""
+    script = tmp_path / "toplevel_rng.py"
+    script.write_text(
+        "import torch, cgguard\n"
+        "from cgguard.testing import simulated_cuda\n"
+        "sim = simulated_cuda(); sim.__enter__()\n"
+        "cgguard.install(cgguard.Config(inspect=True, log_file='/dev/null'))\n"
+        "torch.manual_seed(1)\n"
+        "g, s = torch.cuda.CUDAGraph(), torch.cuda.Stream()\n"
+        "torch.cuda.set_stream(s)\n"
+        "g.capture_begin()\n"
+        "try:\n"
+        "    torch.cuda.manual_seed(2)\n"
+        "except cgguard.RngDuringCaptureError:\n"
+        "    print('refused', flush=True)\n"
+        "import os; os._exit(0)  # the capture left open: no clean-up to run\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert (done.stdout, done.stderr) == ("refused\n", "")
+
+
+@pytest.mark.simulated
+def test_an_op_from_a_thread_with_no_python_frames_is_inspected(
+    sim: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An op dispatched to the mode from a thread with no Python frames of its own (as
+    autograd's device threads call it): its input is held, with the stack there is (torch's
+    _disable_dynamo wrapper's frames), and no internal error."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    x = torch.arange(3.0)
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        watch = _inspect._watches()[-1]
+        assert watch.inputs is not None
+        seen = watch.inputs.seen
+        # functools.partial is no Python frame: the mode's own is the thread's first.
+        entry = functools.partial(watch.mode.__torch_dispatch__, torch.ops.aten.add.Tensor, ())
+        _thread.start_new_thread(entry, ((x, x),))
+        deadline = time.monotonic() + 20
+        while x.untyped_storage().data_ptr() not in seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+    held = seen.get(x.untyped_storage().data_ptr())
+    assert (type(held), capsys.readouterr().err) == (_liveness.Input, "")

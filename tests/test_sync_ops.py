@@ -3,6 +3,7 @@ checked on plain stand-ins for tensors (no torch)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -13,11 +14,24 @@ from cgguard._sync_ops import SYNC_OPS, syncs
 class Fake:
     """A tensor as the table's conditions read one: where it lives, its dtype, pinned or not."""
 
-    def __init__(self, device: str = "cuda", dtype: str = "torch.float32", *, pinned: bool = False):
-        self.device, self.dtype, self.pinned = device, dtype, pinned
+    def __init__(
+        self,
+        device: str = "cuda",
+        dtype: str = "torch.float32",
+        *,
+        pinned: bool = False,
+        shape: tuple[int, ...] = (4,),
+    ):
+        self.device, self.dtype, self.pinned, self.shape = device, dtype, pinned, shape
 
     def is_pinned(self) -> bool:
         return self.pinned
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def dim(self) -> int:
+        return len(self.shape)
 
 
 def on_device(value: Any) -> bool:
@@ -26,6 +40,8 @@ def on_device(value: Any) -> bool:
 
 GPU, HOST, PINNED = Fake(), Fake("cpu"), Fake("cpu", pinned=True)
 MASK, INDEX = Fake(dtype="torch.bool"), Fake(dtype="torch.int64")
+# `x[mask] = 0.0` passes the number as a 0-dim host tensor; a device scalar; many values.
+NUMBER, GPU_SCALAR = Fake("cpu", shape=()), Fake(shape=())
 
 
 @pytest.mark.parametrize(
@@ -38,11 +54,26 @@ MASK, INDEX = Fake(dtype="torch.bool"), Fake(dtype="torch.int64")
         ("aten::index", (GPU, [INDEX]), {}, False),
         ("aten::index", (GPU, [None, MASK]), {}, True),
         ("aten::index_put_", (GPU, [MASK], GPU), {}, True),
+        # canDispatchToMaskedFill: one mask, one host value, no accumulate -> masked_fill_.
+        ("aten::index_put_", (GPU, [MASK], NUMBER), {}, False),
+        ("aten::index_put_", (GPU, [MASK], NUMBER, False), {}, False),
+        ("aten::index_put", (GPU, [None, MASK], NUMBER), {}, False),
+        ("aten::index_put_", (GPU, [MASK], NUMBER, True), {}, True),  # accumulate
+        ("aten::index_put_", (GPU, [MASK], GPU_SCALAR), {}, True),  # the value on the device
+        ("aten::index_put_", (GPU, [MASK, MASK], NUMBER), {}, True),  # two masks
+        ("aten::index_put_", (GPU, [INDEX], NUMBER), {}, False),  # no mask at all
         ("aten::repeat_interleave", (GPU,), {}, True),
         ("aten::repeat_interleave", (GPU,), {"output_size": 6}, False),
         ("aten::_to_copy", (GPU,), {"device": "cpu"}, True),
         ("aten::_to_copy", (GPU,), {"dtype": "torch.float16"}, False),
         ("aten::_to_copy", (HOST,), {"device": "cpu"}, False),
+        # Non-blocking to the host: _to_copy pins its result (pin_out), the copy stays async.
+        ("aten::_to_copy", (GPU,), {"device": "cpu", "non_blocking": True}, False),
+        # cpu_t.cuda(): a blocking upload waits for the stream, as copy_ does.
+        ("aten::_to_copy", (HOST,), {"device": "cuda"}, True),
+        ("aten::_to_copy", (HOST,), {"device": "cuda:0", "non_blocking": True}, False),
+        ("aten::_to_copy", (GPU,), {"device": "cuda"}, False),
+        ("aten::_to_copy", (HOST,), {"device": "meta"}, False),
         ("aten::copy_", (HOST, GPU), {}, True),
         ("aten::copy_", (HOST, GPU, True), {}, True),  # into pageable memory: waits anyway
         ("aten::copy_", (PINNED, GPU, True), {}, False),
