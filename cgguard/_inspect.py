@@ -555,6 +555,8 @@ class Inspector(Watcher):
 #   offset into the capture's own state. So manual_seed and set_rng_state are refused only
 #   when they change the seed: torch.utils.checkpoint(preserve_rng_state=True) inside a graph
 #   rewinds the offset with get/set_rng_state and is allowed.
+# The release is inferred from the pull request's merge date (September 2025), not read from a
+# tagged release's source: a GPU run of the probe's RNG scenarios on each release settles it.
 _RNG_IN_CAPTURE_SINCE = (2, 10)
 
 
