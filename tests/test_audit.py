@@ -12,7 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from capture_audit import Site, problems, read_table, scan
+from capture_audit import Site, problems, read_table, scan, scan_source
 
 from cgguard._profiles import PROFILES
 
@@ -75,6 +75,52 @@ def test_the_scanner_finds_each_kind_of_site_and_no_text() -> None:
         Site("fw/runner.py", "Runner.capture_model", "torch.cuda.graph"): [9],
         Site("fw/runner.py", "compiled", "reduce-overhead"): [14],
     }
+
+
+EVERY_FORM = """\
+import torch
+from torch import cuda
+from torch.cuda import graph as cuda_graph
+
+
+def reached(g, x, xpu):
+    with cuda.graph(g):
+        pass
+    with cuda_graph(g):
+        pass
+    with torch.cuda.graphs.graph(g):
+        pass
+    with torch.get_device_module(x.device).graph(g):
+        pass
+    graph_cls = torch.xpu.XPUGraph if xpu else torch.cuda.CUDAGraph
+    graph_cls()
+    original_end = torch.cuda.CUDAGraph.capture_end  # a method, not a graph class
+    original_end(g)
+
+
+def compiled(f):
+    torch.compile(f, mode="max-autotune")
+    torch.compile(f, mode="max-autotune-no-cudagraphs")
+    torch.compile(f, options={"triton.cudagraphs": True})
+    torch.compile(f, backend="cudagraphs")
+    torch._inductor.config.triton.cudagraphs = True
+"""
+
+
+def test_the_scanner_finds_every_way_to_reach_a_capture() -> None:
+    """torch.cuda.graph however imported or reached, a device module's graph, a call of a name
+    bound to a CUDAGraph class, and each compile mode or option that turns on cudagraphs."""
+    assert scan_source("fw/every.py", EVERY_FORM) == [
+        (Site("fw/every.py", "reached", "torch.cuda.graph"), 7),
+        (Site("fw/every.py", "reached", "torch.cuda.graph"), 9),
+        (Site("fw/every.py", "reached", "torch.cuda.graph"), 11),
+        (Site("fw/every.py", "reached", "<device>.graph"), 13),
+        (Site("fw/every.py", "reached", "CUDAGraph"), 16),
+        (Site("fw/every.py", "compiled", "max-autotune"), 22),
+        (Site("fw/every.py", "compiled", "triton.cudagraphs"), 24),
+        (Site("fw/every.py", "compiled", "cudagraphs"), 25),
+        (Site("fw/every.py", "compiled", "triton.cudagraphs"), 26),
+    ]
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["folder", "wheel"])
