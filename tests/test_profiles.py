@@ -423,15 +423,11 @@ def test_a_declared_window_on_a_profiles_function_is_one_wrapper(
     with pytest.raises(cgguard.CaptureDisabledError):
         plugin.serve()
     cgguard.uninstall()
-    runner.start()
+    runner.start()  # the function put back: nothing of cgguard's runs, nothing is followed
     from cgguard import _state
 
-    assert (both, kept, vars(runner.GPUModelRunner)["capture_model"] is original) == (
-        2,
-        ["watched"],
-        True,
-    )
-    assert _state.FOLLOWED == []
+    put_back = vars(runner.GPUModelRunner)["capture_model"] is original
+    assert (both, kept, put_back, _state.FOLLOWED) == (2, ["watched"], True, [])
 
 
 def test_a_forked_child_forgets_the_window_calls_of_other_threads(
@@ -680,3 +676,23 @@ def test_a_getter_that_fails_lets_the_capture_through_with_one_warning(
         f"cgguard: cannot read the capture window {window}: "
         "AttributeError(\"'NoneType' object has no attribute 'flags'\")\n",
     )
+
+
+def test_a_getter_that_fails_after_a_window_closed_still_lets_the_capture_through(
+    frameworks: Path, cuda: None
+) -> None:
+    """With SGLang's windows entered and closed, a capture while get_flags() fails passes (the
+    window cannot be read, so it is not known to be outside); once readable again, one outside
+    every window is refused."""
+    cgguard.install(cgguard.Config(profiles="raise", log_file="/dev/null"))
+    mode = _import("sglang.srt.model_executor.runner_utils.capture_mode")
+    context = _import("sglang.srt.runtime_context")
+    plugin = _import("plugin")
+    with mode.model_capture_mode():
+        plugin.serve()  # entered
+    saved, context._CONTEXT = context._CONTEXT, None
+    plugin.serve()
+    context._CONTEXT = saved
+    with pytest.raises(cgguard.CaptureDisabledError):
+        plugin.serve()
+    assert cgguard.status().violations == {"capture_disabled": 1}
