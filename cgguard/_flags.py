@@ -139,7 +139,11 @@ class Windows:
     def enabled(self, stack: Snapshot | LiveStack | None = None) -> bool:
         """Whether these windows alone let a capture begin now: inside an open window, or
         before any was entered."""
-        return self.inside(stack) or not self.entered
+        if self.calls:
+            return True
+        if self.predicates and self.inside(stack):
+            return True
+        return not self.entered
 
     def inside(self, stack: Snapshot | LiveStack | None = None) -> bool:
         """Whether a capture now is inside one of these windows (or one's state cannot be

@@ -165,11 +165,17 @@ class Entry:
         """That call returned to ``caller``, or raised; or (``what`` ENDED) the ``with`` body
         of a context window ended there."""
         windows = self.windows
-        _drop(self.calls, me)
-        _drop(windows.calls, me)
-        if windows.calls:
+        try:
+            self.calls.remove(me)
+            windows.calls.remove(me)
+        except ValueError:  # a call a forked child forgot: the parent's thread made it
             return
-        # The last call under way returned: the windows close at its caller.
+        if not windows.calls:
+            self.closed_at(caller, what)
+
+    def closed_at(self, caller: FrameType, what: str = "") -> None:
+        """The last call under way of these windows returned: they close at its caller."""
+        windows = self.windows
         closed = windows.closed
         # Called in a loop, from the line that closed them last: that stack holds.
         if (
@@ -201,13 +207,6 @@ class Entry:
             return WindowInfo(self.entry, None, "not resolved")
         state = "open" if self.calls else "watched"
         return WindowInfo(self.entry, self.kind, state)
-
-
-def _drop(calls: list[int], me: int) -> None:
-    # A call a forked child forgot is gone already. Only this thread removes its own id, so
-    # nothing else takes it between the test and the removal.
-    if me in calls:
-        calls.remove(me)
 
 
 class _Hook:
@@ -251,15 +250,37 @@ class _Hook:
         def window(*args: Any, **kwargs: Any) -> Any:
             calling, opening = hook.calling, hook.opening
             if calling:
+                # Entry.opened and Entry.returned inline: this runs on every call.
                 me = get_ident()
                 for entry in calling:
-                    entry.opened(me)
+                    entry.calls.append(me)
+                    windows = entry.windows
+                    windows.calls.append(me)
+                    if not windows.entered:
+                        windows.enter_first()
                 try:
                     result = found(*args, **kwargs)
                 finally:
-                    caller = sys._getframe(1)
                     for entry in calling:
-                        entry.returned(me, caller)
+                        windows = entry.windows
+                        calls = windows.calls
+                        try:
+                            entry.calls.remove(me)
+                            calls.remove(me)
+                        except ValueError:  # a call a forked child forgot
+                            continue
+                        if calls:
+                            continue
+                        caller = sys._getframe(1)
+                        closed = windows.closed
+                        # Called in a loop, from the line that closed them last: that holds.
+                        if (
+                            closed is None
+                            or closed[0] is not entry.entry
+                            or closed[2][0] is not caller.f_code
+                            or closed[2][1] != caller.f_lasti
+                        ):
+                            windows.close(entry.entry, caller)
             else:
                 result = found(*args, **kwargs)
             # A function returning a context manager: its ``with`` body is the window (the
