@@ -107,8 +107,12 @@ PROFILES: tuple[Profile, ...] = (
         ),
         (
             # torch.compile(create_block_mask, mode="reduce-overhead"): inductor's cudagraph
-            # trees record a graph per new shape while serving.
-            (_DISABLED, "vllm.v1.attention.backends.flex_attention"),
+            # trees record a graph per new shape while serving, from the one function that
+            # calls it.
+            (
+                _DISABLED,
+                "vllm.v1.attention.backends.flex_attention:FlexAttentionMetadata.build_block_mask",
+            ),
             _FLASHINFER_AUTOTUNER,
             # The ROCm segmented-attention autotune warm-up, also run by Elastic EP while
             # serving.

@@ -78,8 +78,13 @@ FLEX_ATTENTION = """\
 from capturing import capture
 
 
-def build_block_mask():
-    capture()  # @flex
+class FlexAttentionMetadata:
+    def build_block_mask(self):
+        capture()  # @flex
+
+
+def forward():
+    capture()  # @flex-forward
 """
 
 PLUGIN = """\
@@ -307,9 +312,28 @@ def test_an_exempted_framework_capture_outside_the_window_passes_counted(
     flex = _import("vllm.v1.attention.backends.flex_attention")
     plugin = _import("plugin")
     runner.start()
-    flex.build_block_mask()
+    flex.FlexAttentionMetadata().build_block_mask()
     with pytest.raises(cgguard.CaptureDisabledError):
         plugin.serve()
+    status = cgguard.status()
+    assert (status.violations, status.exempted) == (
+        {"capture_disabled": 1},
+        {"capture_disabled": 1},
+    )
+
+
+def test_the_flex_attention_exemption_covers_its_block_mask_build_alone(
+    frameworks: Path, cuda: None
+) -> None:
+    """Only the function that calls the reduce-overhead compile is exempted: another capture
+    from the flex_attention module after the window closed is refused."""
+    cgguard.install(cgguard.Config(profiles="raise"))
+    runner = _import("vllm.v1.worker.gpu.model_runner")
+    flex = _import("vllm.v1.attention.backends.flex_attention")
+    runner.start()
+    flex.FlexAttentionMetadata().build_block_mask()
+    with pytest.raises(cgguard.CaptureDisabledError):
+        flex.forward()
     status = cgguard.status()
     assert (status.violations, status.exempted) == (
         {"capture_disabled": 1},
@@ -326,7 +350,7 @@ def test_a_profiles_exemptions_leave_cgguards_own_flag_alone(frameworks: Path, c
     runner.start()
     cgguard.set_capture_enabled(False)
     with pytest.raises(cgguard.CaptureDisabledError):
-        flex.build_block_mask()
+        flex.FlexAttentionMetadata().build_block_mask()
     assert cgguard.status().exempted == {}
 
 
@@ -341,7 +365,7 @@ def test_a_profiles_exemptions_leave_a_followed_flag_alone(frameworks: Path, cud
     cgguard.follow_flag("userfw", "capture_ok")
     user.capture_ok = False
     with pytest.raises(cgguard.CaptureDisabledError) as raised:
-        flex.build_block_mask()
+        flex.FlexAttentionMetadata().build_block_mask()
     assert (cgguard.status().exempted, raised.value.event["action"]) == ({}, "raised")
 
 
@@ -358,7 +382,7 @@ def test_a_declared_windows_refusal_is_neither_downgraded_nor_exempted(
     runner.start()  # the profile's windows join the followed flags first
     user.warmup()
     refused = []
-    for capture in (flex.build_block_mask, plugin.serve):
+    for capture in (flex.FlexAttentionMetadata().build_block_mask, plugin.serve):
         with pytest.raises(cgguard.CaptureDisabledError) as raised:
             capture()
         refused.append(str(raised.value).partition("; ")[2].rpartition(", ")[2])
