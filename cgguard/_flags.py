@@ -65,16 +65,19 @@ class Predicate:
         self.kind = kind  # "module attribute", "ContextVar" or "thread-local attribute"
         self.read = read
 
-    def unreadable(self, exc: Exception) -> bool:
-        """A read that failed: one warning naming the window, and it counts as inside."""
+    def unreadable(self, exc: Exception) -> None:
+        """A read that failed: one warning naming the window. The capture that asked is let
+        through, and the window counts as neither entered nor closed by it."""
         warn_once(f"window:{self.entry}", f"cannot read the capture window {self.entry}: {exc!r}")
-        return True
 
 
 class Windows:
-    """The capture windows, as one more thing that disables capture once one has been entered.
+    """Capture windows, the declared ones or a built-in profile's: among what disables capture
+    once one has been entered.
 
-    Process-wide, as vLLM's own flag is: a function window is open while any thread runs it.
+    Every Windows followed is one set with the others (disabled_by): a capture passes while any
+    of them is open, or while none has been entered. Process-wide, as vLLM's own flag is: a
+    function window is open while any thread runs it.
     It joins the followed flags (cgguard._state.FOLLOWED) only once a function window has
     first been entered or a predicate window is declared, so that until then the capture path
     pays nothing for it. Where capture was disabled is the return of the window function that
@@ -85,9 +88,13 @@ class Windows:
         # The built-in profile these windows are (cgguard._profiles), None for the declared
         # ones: a profile's refusals follow its own setting, and its exemptions apply to them.
         self.profile = profile
-        # One item per call of a window function under way, on any thread: list.append and
-        # list.pop are atomic, where a counter's += would need a lock on every call.
-        self.calls: list[None] = []
+        # A profile's refusals only logged (Config(profiles="log")): they leave
+        # is_capture_enabled() true. Set by cgguard._profiles; never for the declared ones.
+        self.log_only = False
+        # The calling thread's id per call of a window function under way, on any thread:
+        # list.append and list.remove are atomic, where a counter's += would need a lock on
+        # every call; and a forked child keeps its own thread's calls alone.
+        self.calls: list[int] = []
         self.entered = False
         self.predicates: tuple[Predicate, ...] = ()
         # The window that closed last, what closed it ("returned", or a capture seen inside
@@ -130,20 +137,33 @@ class Windows:
         self.closed = (entry, what or RETURNED, snapshot_from(caller))
 
     def enabled(self, stack: Snapshot | LiveStack | None = None) -> bool:
-        """Whether a capture may begin now: inside an open window, or before any was entered.
+        """Whether these windows alone let a capture begin now: inside an open window, or
+        before any was entered."""
+        if self.calls:
+            return True
+        if self.predicates and self.inside(stack):
+            return True
+        return not self.entered
+
+    def inside(self, stack: Snapshot | LiveStack | None = None) -> bool:
+        """Whether a capture now is inside one of these windows (or one's state cannot be
+        read, which lets it through).
 
         ``stack`` is the capture's, when a capture asks: a predicate window seen true then is
         entered, and the capture is the last seen inside it.
         """
         if self.calls:
             return True
+        unreadable = False
         for predicate in self.predicates:
             # The read inline, not through a method: this runs on every capture while a
             # predicate window is declared.
             try:
                 inside = bool(predicate.read())
             except Exception as exc:  # the capture path never raises for a window's state
-                inside = predicate.unreadable(exc)
+                predicate.unreadable(exc)
+                unreadable = True
+                continue
             if inside:
                 if stack is not None:
                     top = stack[0]
@@ -160,7 +180,7 @@ class Windows:
                     if not self.entered:
                         self.entered = True
                 return True
-        return not self.entered
+        return unreadable
 
     def forget(self) -> None:
         """No window entered or closed yet; calls under way still leave."""
@@ -183,7 +203,9 @@ class Disabler(NamedTuple):
     label: str | None  # a followed flag's module.attribute; None for cgguard's own
     changed_at: Snapshot | None  # None: by configuration, or by a setter cgguard never saw
     how: str = ""  # what the message adds after where: which window closed there
-    profile: str | None = None  # the built-in profile whose windows disable capture, if so
+    # The built-in profile whose windows disable capture, if every window that does is its.
+    profile: str | None = None
+    log_only: bool = False  # that profile's refusals are only logged (Windows.log_only)
 
 
 def disabled_by(
@@ -193,11 +215,34 @@ def disabled_by(
 ) -> Disabler | None:
     """What disables capture now, cgguard's flag first; None when every flag allows it.
 
-    ``stack`` is the capture's, when a capture asks (the windows keep it).
+    The windows followed, declared and profiles', are one set: a capture inside any open one
+    passes. Refused outside them all, it is blamed on a declared window that has been entered
+    if any; on a profile (whose log-only setting and exemptions then apply) only when every
+    entered window is that one profile's. ``stack`` is the capture's, when a capture asks (the
+    windows keep it).
     """
     if not flag.enabled:
         return Disabler(None, flag.changed_at)
+    inside = False
+    refusing: list[Windows] = []
     for source in list(follows):
-        if not source.enabled(stack):
-            return Disabler(source.label, source.changed_at, source.how, source.profile)
-    return None
+        if isinstance(source, Windows):
+            if source.inside(stack):
+                inside = True
+            elif source.entered:
+                refusing.append(source)
+        elif not source.enabled(stack):
+            return Disabler(source.label, source.changed_at, source.how)
+    if inside or not refusing:
+        return None
+    blamed = next((w for w in refusing if w.profile is None), refusing[0])
+    profile = blamed.profile
+    if profile is not None and any(w.profile != profile for w in refusing):
+        profile = None  # two profiles' windows: neither one's setting or exemptions decide
+    return Disabler(
+        blamed.label,
+        blamed.changed_at,
+        blamed.how,
+        profile,
+        profile is not None and blamed.log_only,
+    )

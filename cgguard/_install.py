@@ -283,7 +283,7 @@ def _configure(
         FLAG.set(config.capture == "enabled", None)
     _follow.follow_vllm(config.vllm_bridge)
     _windows.declare(config.windows)
-    _profiles.switch(config.profiles != "off")
+    _profiles.switch(config.profiles != "off", log_only=config.profiles == "log")
     if config.metrics is not None:
         _metrics.start()
     installation.watch(_watchers(config, installation))
@@ -380,6 +380,7 @@ def _after_fork() -> None:
     # be released in the child, and the child reports its own violations.
     global _lock
     _lock = threading.RLock()
+    _windows.after_fork()
     if _state.current is not None:
         _state.current.after_fork()
 

@@ -3,11 +3,13 @@
 Each profile is switched on by install() unless ``Config(profiles="off")``; its windows are
 resolved when their modules are imported (cgguard never imports them), so a process without
 the framework pays one pending import hook per module name and nothing on the capture path.
-Each profile's windows are a ``Windows`` of their own among the followed flags: a capture must
-pass every framework's windows, as it must pass vLLM's V1 flag. A profile's refusals are
-logged, not raised, unless ``Config(profiles="raise")``; its exemptions apply to its own
-refusals only. docs/integrations.md says what each enforces; docs/audit/ holds the capture
-sites of each audited release and how each is classified.
+Each profile's windows are a ``Windows`` of their own among the followed flags, and one set
+with the declared windows and the other profiles': a capture inside any open window passes.
+A profile's refusals are logged, not raised, unless ``Config(profiles="raise")``, and leave
+is_capture_enabled() true; they, and its exemptions, are its own only where every window
+entered that refuses the capture is that profile's (cgguard._flags.disabled_by).
+docs/integrations.md says what each enforces; docs/audit/ holds the capture sites of each
+audited release and how each is classified.
 """
 
 from __future__ import annotations
@@ -105,8 +107,12 @@ PROFILES: tuple[Profile, ...] = (
         ),
         (
             # torch.compile(create_block_mask, mode="reduce-overhead"): inductor's cudagraph
-            # trees record a graph per new shape while serving.
-            (_DISABLED, "vllm.v1.attention.backends.flex_attention"),
+            # trees record a graph per new shape while serving, from the one function that
+            # calls it.
+            (
+                _DISABLED,
+                "vllm.v1.attention.backends.flex_attention:FlexAttentionMetadata.build_block_mask",
+            ),
             _FLASHINFER_AUTOTUNER,
             # The ROCm segmented-attention autotune warm-up, also run by Elastic EP while
             # serving.
@@ -211,12 +217,16 @@ class _Active:
 _active: list[_Active] = []
 
 
-def switch(on: bool) -> None:
+def switch(on: bool, *, log_only: bool = True) -> None:
     """Switch every built-in profile on (each waits for its modules) or off; idempotent, so a
-    reconfiguration that keeps them on keeps their windows' state."""
-    if on and not _active:
-        _active.extend(_Active(profile) for profile in PROFILES)
-    elif not on:
+    reconfiguration that keeps them on keeps their windows' state. ``log_only``: their
+    refusals are only logged (Config(profiles="log"))."""
+    if on:
+        if not _active:
+            _active.extend(_Active(profile) for profile in PROFILES)
+        for active in _active:
+            active.windows.log_only = log_only
+    else:
         while _active:
             _active.pop().undo()
 

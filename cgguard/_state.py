@@ -40,8 +40,10 @@ current: Installation | None = None
 
 
 def is_capture_enabled() -> bool:
-    """cgguard's flag and every followed flag allow a capture now."""
-    return disabled_by(FLAG, FOLLOWED) is None
+    """cgguard's flag and every followed flag allow a capture now. A refusal a built-in
+    profile's windows alone would make, and only log (Config(profiles="log")), does not count."""
+    disabler = disabled_by(FLAG, FOLLOWED)
+    return disabler is None or disabler.log_only
 
 
 def reset() -> None:

@@ -3,7 +3,8 @@
 An entry is ``module:qualname``. What it names decides what kind of window it is, once the
 module is imported (cgguard never imports it): a function or method is a window while it runs
 (the attribute as found is wrapped, so a decorator's wrapper, ``@torch.inference_mode()``'s,
-counts as the function); a ContextVar is true while its value is; a ``threading.local``'s
+counts as the function; one wrapper per function, however many entries, declared or profiles',
+name it); a ContextVar is true while its value is; a ``threading.local``'s
 attribute (``module:local.attr``) and any other attribute are true while their value is, read
 on the capturing thread. The state they share, and what it means for a capture, is
 cgguard._flags.Windows; this module resolves entries and puts the wrappers on.
@@ -14,11 +15,12 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+from _thread import get_ident
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cgguard import _startup, _state
-from cgguard._flags import ENDED, Predicate
+from cgguard._flags import ENDED, Predicate, Windows
 from cgguard._patchset import PatchSet
 from cgguard._settings import WINDOW_SYNTAX, shown
 from cgguard._warn import warn_once
@@ -26,8 +28,6 @@ from cgguard._warn import warn_once
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import FrameType, ModuleType
-
-    from cgguard._flags import Windows
 
     # A built-in profile's reader: from the module, the kind of state and its read, or None
     # when the module lacks it.
@@ -74,9 +74,10 @@ class Entry:
         self.absent = False
         self.kind: str | None = None
         self.resolved = False
-        self.calls: list[None] = []  # one per call of this window's function under way
+        # The calling thread's id per call of this window's function under way.
+        self.calls: list[int] = []
         self.predicate: Predicate | None = None
-        self.patches = PatchSet()
+        self.hook: _Hook | None = None
         self.undone = False
 
     def apply(self, module: ModuleType) -> None:
@@ -127,8 +128,12 @@ class Entry:
         elif isinstance(value, type):
             return "it names a class; a function window names a function or method"
         elif callable(value):
-            found = raw if raw is not _MISSING else value
-            self.patches.replace(owner, name, self._wrapped(found, in_class=in_class))
+            hook = _hooks.get((id(owner), name))
+            if hook is None or not hook.patches.holds(owner, name):
+                found = raw if raw is not _MISSING else value
+                hook = _hooks[(id(owner), name)] = _Hook(owner, name, found, in_class=in_class)
+            hook.add(self)
+            self.hook = hook
             self.kind = FUNCTION
         else:
             self._watch("module attribute", functools.partial(getattr, owner, name, False))
@@ -148,57 +153,39 @@ class Entry:
         windows.predicates = (*windows.predicates, self.predicate)
         join(windows)
 
-    def _wrapped(self, found: Any, *, in_class: bool) -> Any:
-        """The attribute as found, wrapped so that a call of it opens the window."""
-        if isinstance(found, (staticmethod, classmethod)):
-            return type(found)(self._wrapped(found.__func__, in_class=False))
-        if self.context:
-            return self._wrapped_context(found)
-        windows, entry = self.windows, self.entry
-        # list.append and list.pop are atomic: a counter's += would need a lock on every call.
-        calls, mine = windows.calls, self.calls
+    def opened(self, me: int) -> None:
+        """A call of this window's function began on the thread ``me``."""
+        windows = self.windows
+        self.calls.append(me)
+        windows.calls.append(me)
+        if not windows.entered:
+            windows.enter_first()
 
-        # A plain function, not a wrapt wrapper: it binds as the method it replaces, and costs
-        # a fraction of wrapt's call protocol on every call (benchmarks/window_overhead.py).
-        @functools.wraps(found)
-        def window(*args: Any, **kwargs: Any) -> Any:
-            mine.append(None)
-            calls.append(None)
-            if not windows.entered:
-                windows.enter_first()
-            try:
-                return found(*args, **kwargs)
-            finally:
-                mine.pop()
-                calls.pop()
-                if not calls:
-                    # The last call under way returned: the windows close at its caller.
-                    caller = sys._getframe(1)
-                    closed = windows.closed
-                    # Called in a loop, from the line that closed them last: that stack holds.
-                    if (
-                        closed is None
-                        or closed[0] is not entry
-                        or closed[2][0] is not caller.f_code
-                        or closed[2][1] != caller.f_lasti
-                    ):
-                        windows.close(entry, caller)
+    def returned(self, me: int, caller: FrameType, what: str = "") -> None:
+        """That call returned to ``caller``, or raised; or (``what`` ENDED) the ``with`` body
+        of a context window ended there."""
+        windows = self.windows
+        try:
+            self.calls.remove(me)
+            windows.calls.remove(me)
+        except ValueError:  # a call a forked child forgot: the parent's thread made it
+            return
+        if not windows.calls:
+            self.closed_at(caller, what)
 
-        if in_class and not hasattr(found, "__get__"):
-            # A callable object a class keeps as it is (no method binding): kept unbound.
-            return staticmethod(window)
-        return window
-
-    def _wrapped_context(self, found: Any) -> Any:
-        """A function returning a context manager, wrapped so that its ``with`` body is the
-        window: the call itself only builds the manager (``contextlib.contextmanager``'s)."""
-        windows, entry, mine = self.windows, self.entry, self.calls
-
-        @functools.wraps(found)
-        def window(*args: Any, **kwargs: Any) -> Any:
-            return _Opening(found(*args, **kwargs), windows, entry, mine)
-
-        return window
+    def closed_at(self, caller: FrameType, what: str = "") -> None:
+        """The last call under way of these windows returned: they close at its caller."""
+        windows = self.windows
+        closed = windows.closed
+        # Called in a loop, from the line that closed them last: that stack holds.
+        if (
+            what
+            or closed is None
+            or closed[0] is not self.entry
+            or closed[2][0] is not caller.f_code
+            or closed[2][1] != caller.f_lasti
+        ):
+            windows.close(self.entry, caller, what)
 
     def undo(self) -> None:
         self.undone = True
@@ -207,7 +194,9 @@ class Entry:
             windows = self.windows
             windows.predicates = tuple(p for p in windows.predicates if p is not self.predicate)
             self.predicate = None
-        self.patches.restore()
+        if self.hook is not None:
+            self.hook.drop(self)
+            self.hook = None
 
     def info(self) -> WindowInfo:
         if not self.resolved:
@@ -220,23 +209,108 @@ class Entry:
         return WindowInfo(self.entry, self.kind, state)
 
 
+class _Hook:
+    """The one wrapper on a window function, whatever entries name it: a declared window and
+    a profile's on the same method each open their own windows through it, and the function
+    is put back once the last of them is undone."""
+
+    def __init__(self, owner: Any, name: str, found: Any, *, in_class: bool) -> None:
+        self.key = (id(owner), name)
+        self.calling: tuple[Entry, ...] = ()  # open while the function runs
+        self.opening: tuple[Entry, ...] = ()  # open in the ``with`` body of what it returns
+        self.patches = PatchSet()
+        self.patches.replace(owner, name, self._wrapped(found, in_class=in_class))
+
+    def add(self, entry: Entry) -> None:
+        if entry.context:
+            self.opening = (*self.opening, entry)
+        else:
+            self.calling = (*self.calling, entry)
+
+    def drop(self, entry: Entry) -> None:
+        self.calling = tuple(e for e in self.calling if e is not entry)
+        self.opening = tuple(e for e in self.opening if e is not entry)
+        if not self.calling and not self.opening:
+            self.patches.restore()
+            if _hooks.get(self.key) is self:
+                del _hooks[self.key]
+
+    def entries(self) -> tuple[Entry, ...]:
+        return (*self.calling, *self.opening)
+
+    def _wrapped(self, found: Any, *, in_class: bool) -> Any:
+        """The attribute as found, wrapped so that a call of it opens the windows naming it."""
+        if isinstance(found, (staticmethod, classmethod)):
+            return type(found)(self._wrapped(found.__func__, in_class=False))
+        hook = self
+
+        # A plain function, not a wrapt wrapper: it binds as the method it replaces, and costs
+        # a fraction of wrapt's call protocol on every call (benchmarks/window_overhead.py).
+        @functools.wraps(found)
+        def window(*args: Any, **kwargs: Any) -> Any:
+            calling, opening = hook.calling, hook.opening
+            if calling:
+                # Entry.opened and Entry.returned inline: this runs on every call.
+                me = get_ident()
+                for entry in calling:
+                    entry.calls.append(me)
+                    windows = entry.windows
+                    windows.calls.append(me)
+                    if not windows.entered:
+                        windows.enter_first()
+                try:
+                    result = found(*args, **kwargs)
+                finally:
+                    for entry in calling:
+                        windows = entry.windows
+                        calls = windows.calls
+                        try:
+                            entry.calls.remove(me)
+                            calls.remove(me)
+                        except ValueError:  # a call a forked child forgot
+                            continue
+                        if calls:
+                            continue
+                        caller = sys._getframe(1)
+                        closed = windows.closed
+                        # Called in a loop, from the line that closed them last: that holds.
+                        if (
+                            closed is None
+                            or closed[0] is not entry.entry
+                            or closed[2][0] is not caller.f_code
+                            or closed[2][1] != caller.f_lasti
+                        ):
+                            windows.close(entry.entry, caller)
+            else:
+                result = found(*args, **kwargs)
+            # A function returning a context manager: its ``with`` body is the window (the
+            # call itself only builds the manager, ``contextlib.contextmanager``'s).
+            return _Opening(result, opening) if opening else result
+
+        if in_class and not hasattr(found, "__get__"):
+            # A callable object a class keeps as it is (no method binding): kept unbound.
+            return staticmethod(window)
+        return window
+
+
+# The wrapper on each window function, by its owner's id and the attribute's name.
+_hooks: dict[tuple[int, str], _Hook] = {}
+
+
 class _Opening:
     """The context manager a context window's function returned: open while it is entered."""
 
-    __slots__ = ("_entry", "_manager", "_mine", "_windows")
+    __slots__ = ("_entries", "_manager", "_me")
 
-    def __init__(self, manager: Any, windows: Windows, entry: str, mine: list[None]) -> None:
+    def __init__(self, manager: Any, entries: tuple[Entry, ...]) -> None:
         self._manager = manager
-        self._windows = windows
-        self._entry = entry
-        self._mine = mine
+        self._entries = entries
+        self._me = 0
 
     def __enter__(self) -> Any:
-        windows = self._windows
-        self._mine.append(None)
-        windows.calls.append(None)
-        if not windows.entered:
-            windows.enter_first()
+        me = self._me = get_ident()
+        for entry in self._entries:
+            entry.opened(me)
         try:
             return self._manager.__enter__()
         except BaseException:
@@ -250,11 +324,24 @@ class _Opening:
             self._leave(sys._getframe(1))
 
     def _leave(self, caller: FrameType) -> None:
-        windows = self._windows
-        self._mine.pop()
-        windows.calls.pop()
-        if not windows.calls:
-            windows.close(self._entry, caller, ENDED)
+        for entry in self._entries:
+            entry.returned(self._me, caller, ENDED)
+
+
+def after_fork() -> None:
+    """In a forked child only the forking thread runs on: the calls under way of every other
+    thread never return there, so they are forgotten."""
+    me = get_ident()
+    every = {id(_state.WINDOWS): _state.WINDOWS}
+    for source in _state.FOLLOWED:
+        if isinstance(source, Windows):
+            every[id(source)] = source
+    for hook in list(_hooks.values()):
+        for entry in hook.entries():
+            entry.calls[:] = [c for c in entry.calls if c == me]
+            every[id(entry.windows)] = entry.windows
+    for windows in every.values():
+        windows.calls[:] = [c for c in windows.calls if c == me]
 
 
 # The windows declared, by entry, in the order declared.

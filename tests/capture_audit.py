@@ -2,9 +2,16 @@
 table in docs/audit/ that classifies each one.
 
 A site is a call that captures, or makes what captures, found by Python's own parser (so a
-comment or a docstring naming one is no site): ``torch.cuda.graph(...)``, a ``...CUDAGraph(...)``
-(``BreakableCUDAGraph`` too), ``.capture_begin(...)``, ``make_graphed_callables(...)``, and the
-string ``"reduce-overhead"`` (``torch.compile(mode="reduce-overhead")``, or a mode assigned).
+comment or a docstring naming one is no site): ``torch.cuda.graph(...)`` however it is reached
+(``cuda.graph``, ``torch.cuda.graphs.graph``, a ``graph`` imported from either), any other
+``<x>.graph(...)`` (a device module's: ``torch.get_device_module(...).graph``), a
+``...CUDAGraph(...)`` (``BreakableCUDAGraph`` too) or a call of a name bound to a ``CUDAGraph``
+class (``graph_cls = torch.cuda.CUDAGraph``), ``.capture_begin(...)``,
+``make_graphed_callables(...)``, and the compile modes and options that turn on inductor's
+cudagraphs: the strings ``"reduce-overhead"`` and ``"max-autotune"`` (``torch.compile(mode=...)``,
+or a mode assigned; both set ``triton.cudagraphs``, as ``torch._inductor.list_mode_options()``
+shows), ``"triton.cudagraphs"`` (an ``options`` key) or ``triton.cudagraphs = ...`` (inductor's
+config set), and ``"cudagraphs"`` (``backend="cudagraphs"``).
 Sites are keyed by file, enclosing function and kind, and counted, so that a line moved within a
 function is no change, while a site added, moved to another function or removed is.
 
@@ -22,11 +29,22 @@ from typing import NamedTuple
 
 KINDS = (
     "torch.cuda.graph",
+    "<device>.graph",
     "CUDAGraph",
     "capture_begin",
     "make_graphed_callables",
     "reduce-overhead",
+    "max-autotune",
+    "triton.cudagraphs",
+    "cudagraphs",
 )
+# Strings that turn on inductor's cudagraphs, by the kind of site they are.
+_STRINGS = {
+    "reduce-overhead": "reduce-overhead",
+    "max-autotune": "max-autotune",
+    "triton.cudagraphs": "triton.cudagraphs",
+    "cudagraphs": "cudagraphs",
+}
 CLASSES = ("window", "exempt", "reported", "unreached")
 
 
@@ -45,11 +63,42 @@ class Row(NamedTuple):
     why: str
 
 
+def _names_graph_class(node: ast.AST) -> bool:
+    """Whether ``node`` is a CUDAGraph class, or an ``if`` expression choosing one."""
+    if isinstance(node, ast.IfExp):
+        return _names_graph_class(node.body) or _names_graph_class(node.orelse)
+    name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+    return isinstance(name, str) and name.endswith("CUDAGraph")
+
+
+def _bound_names(tree: ast.AST) -> tuple[set[str], set[str]]:
+    """The names bound to a CUDAGraph class (``graph_cls = torch.cuda.CUDAGraph``, or an
+    attribute so set), and the local names of ``torch.cuda``'s ``graph``."""
+    classes: set[str] = set()
+    graphs: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in ("torch.cuda", "torch.cuda.graphs"):
+            graphs.update(a.asname or a.name for a in node.names if a.name == "graph")
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            value = node.value
+            if not _names_graph_class(value):
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    classes.add(target.id)
+                elif isinstance(target, ast.Attribute):
+                    classes.add(target.attr)
+    return classes - {"CUDAGraph"}, graphs
+
+
 class _Finder(ast.NodeVisitor):
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, classes: set[str], graphs: set[str]) -> None:
         self.path = path
         self.scope: list[str] = []
         self.found: list[tuple[Site, int]] = []
+        self.classes = classes
+        self.graphs = graphs
 
     def _add(self, kind: str, node: ast.AST) -> None:
         function = ".".join(self.scope) or "<module>"
@@ -70,14 +119,14 @@ class _Finder(ast.NodeVisitor):
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
         name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-        if (
-            name == "graph"
-            and isinstance(func, ast.Attribute)
-            and isinstance(func.value, ast.Attribute)
-            and func.value.attr == "cuda"
-        ):
+        if isinstance(func, ast.Attribute) and name == "graph":
+            owner = func.value
+            held = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+            kind = "torch.cuda.graph" if held in ("cuda", "graphs") else "<device>.graph"
+            self._add(kind, node)
+        elif isinstance(func, ast.Name) and name in self.graphs:
             self._add("torch.cuda.graph", node)
-        elif name.endswith("CUDAGraph"):
+        elif name.endswith("CUDAGraph") or name in self.classes:
             self._add("CUDAGraph", node)
         elif name == "capture_begin":
             self._add("capture_begin", node)
@@ -86,8 +135,21 @@ class _Finder(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_Constant(self, node: ast.Constant) -> None:
-        if node.value == "reduce-overhead":
-            self._add("reduce-overhead", node)
+        kind = _STRINGS.get(node.value) if isinstance(node.value, str) else None
+        if kind is not None:
+            self._add(kind, node)
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        # torch._inductor.config.triton.cudagraphs = True
+        for target in node.targets:
+            if (
+                isinstance(target, ast.Attribute)
+                and target.attr == "cudagraphs"
+                and isinstance(target.value, ast.Attribute)
+                and target.value.attr == "triton"
+            ):
+                self._add("triton.cudagraphs", node)
+        self.generic_visit(node)
 
 
 def scan_source(path: str, source: str | bytes) -> list[tuple[Site, int]]:
@@ -96,7 +158,7 @@ def scan_source(path: str, source: str | bytes) -> list[tuple[Site, int]]:
         tree = ast.parse(source)
     except SyntaxError:
         return []  # not Python this interpreter reads (a template, say): no site it can run
-    finder = _Finder(path)
+    finder = _Finder(path, *_bound_names(tree))
     body = tree.body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         body = body[1:]

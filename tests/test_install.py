@@ -375,7 +375,7 @@ WAITING_PROFILES = (
             "vllm.v1.worker.mm_encoder_model_runner:MMEncoderModelRunner.capture_model",
         ),
         (
-            f"{_NOT_DISABLED}vllm.v1.attention.backends.flex_attention",
+            f"{_NOT_DISABLED}vllm.v1.attention.backends.flex_attention:FlexAttentionMetadata.build_block_mask",
             f"{_NOT_DISABLED}flashinfer.autotuner",
             f"{_NOT_DISABLED}vllm.model_executor.warmup.rocm_segmented_attn_autotune_warmup",
         ),

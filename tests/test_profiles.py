@@ -78,8 +78,13 @@ FLEX_ATTENTION = """\
 from capturing import capture
 
 
-def build_block_mask():
-    capture()  # @flex
+class FlexAttentionMetadata:
+    def build_block_mask(self):
+        capture()  # @flex
+
+
+def forward():
+    capture()  # @flex-forward
 """
 
 PLUGIN = """\
@@ -158,9 +163,25 @@ def run_vit():
     capture()  # @vit
 """
 
+USER_FRAMEWORK = """\
+from capturing import capture
+
+capture_ok = True
+
+
+def warmup():
+    capture()  # @warmup
+
+
+def hold(entered, leave):
+    entered.set()
+    leave.wait(10)
+"""
+
 FILES = {
     "capturing.py": CAPTURE,
     "plugin.py": PLUGIN,
+    "userfw.py": USER_FRAMEWORK,
     "vllm/v1/worker/gpu/model_runner.py": MODEL_RUNNER,
     "vllm/v1/worker/mm_encoder_model_runner.py": ENCODER_RUNNER,
     "vllm/v1/attention/backends/flex_attention.py": FLEX_ATTENTION,
@@ -172,7 +193,7 @@ FILES = {
     "sglang/srt/compilation/compile_phase.py": COMPILE_PHASE,
     "sglang/srt/multimodal/vit_cuda_graph_runner.py": VIT,
 }
-TOPS = ("capturing", "plugin", "vllm", "sglang", "tensorrt_llm")
+TOPS = ("capturing", "plugin", "userfw", "vllm", "sglang", "tensorrt_llm")
 MRV2 = "vllm.v1.worker.gpu.model_runner:GPUModelRunner.capture_model"
 ENCODER = "vllm.v1.worker.mm_encoder_model_runner:MMEncoderModelRunner.capture_model"
 STANDINS = Path(__file__).parent / "standins"
@@ -291,7 +312,7 @@ def test_an_exempted_framework_capture_outside_the_window_passes_counted(
     flex = _import("vllm.v1.attention.backends.flex_attention")
     plugin = _import("plugin")
     runner.start()
-    flex.build_block_mask()
+    flex.FlexAttentionMetadata().build_block_mask()
     with pytest.raises(cgguard.CaptureDisabledError):
         plugin.serve()
     status = cgguard.status()
@@ -301,15 +322,171 @@ def test_an_exempted_framework_capture_outside_the_window_passes_counted(
     )
 
 
-def test_a_profiles_exemptions_leave_cgguards_own_flag_alone(frameworks: Path, cuda: None) -> None:
-    """A built-in exemption covers its profile's refusals only: with capture disabled by
-    cgguard's own flag, flex_attention's capture is refused."""
-    cgguard.install()
+def test_the_flex_attention_exemption_covers_its_block_mask_build_alone(
+    frameworks: Path, cuda: None
+) -> None:
+    """Only the function that calls the reduce-overhead compile is exempted: another capture
+    from the flex_attention module after the window closed is refused."""
+    cgguard.install(cgguard.Config(profiles="raise"))
+    runner = _import("vllm.v1.worker.gpu.model_runner")
     flex = _import("vllm.v1.attention.backends.flex_attention")
+    runner.start()
+    flex.FlexAttentionMetadata().build_block_mask()
+    with pytest.raises(cgguard.CaptureDisabledError):
+        flex.forward()
+    status = cgguard.status()
+    assert (status.violations, status.exempted) == (
+        {"capture_disabled": 1},
+        {"capture_disabled": 1},
+    )
+
+
+def test_a_profiles_exemptions_leave_cgguards_own_flag_alone(frameworks: Path, cuda: None) -> None:
+    """A built-in exemption covers its profile's refusals only: with the profile's window
+    closed and capture disabled by cgguard's own flag, flex_attention's capture is refused."""
+    cgguard.install()
+    runner = _import("vllm.v1.worker.gpu.model_runner")
+    flex = _import("vllm.v1.attention.backends.flex_attention")
+    runner.start()
     cgguard.set_capture_enabled(False)
     with pytest.raises(cgguard.CaptureDisabledError):
-        flex.build_block_mask()
+        flex.FlexAttentionMetadata().build_block_mask()
     assert cgguard.status().exempted == {}
+
+
+def test_a_profiles_exemptions_leave_a_followed_flag_alone(frameworks: Path, cuda: None) -> None:
+    """A followed flag that disables capture after the profile's window closed is the cause:
+    flex_attention's capture is refused, in raise mode, and not counted as exempted."""
+    cgguard.install(cgguard.Config(mode="raise"))
+    runner = _import("vllm.v1.worker.gpu.model_runner")
+    flex = _import("vllm.v1.attention.backends.flex_attention")
+    user = _import("userfw")
+    runner.start()  # the profile's windows join the followed flags first
+    cgguard.follow_flag("userfw", "capture_ok")
+    user.capture_ok = False
+    with pytest.raises(cgguard.CaptureDisabledError) as raised:
+        flex.FlexAttentionMetadata().build_block_mask()
+    assert (cgguard.status().exempted, raised.value.event["action"]) == ({}, "raised")
+
+
+def test_a_declared_windows_refusal_is_neither_downgraded_nor_exempted(
+    frameworks: Path, cuda: None
+) -> None:
+    """Raise mode, profiles log-only: with the profile's window and a declared one both closed,
+    a capture outside them is the declared window's refusal: raised, and flex_attention's
+    built-in exemption does not apply to it."""
+    cgguard.install(cgguard.Config(mode="raise", windows=("userfw:warmup",)))
+    runner = _import("vllm.v1.worker.gpu.model_runner")
+    flex = _import("vllm.v1.attention.backends.flex_attention")
+    plugin, user = _import("plugin"), _import("userfw")
+    runner.start()  # the profile's windows join the followed flags first
+    user.warmup()
+    refused = []
+    for capture in (flex.FlexAttentionMetadata().build_block_mask, plugin.serve):
+        with pytest.raises(cgguard.CaptureDisabledError) as raised:
+            capture()
+        refused.append(str(raised.value).partition("; ")[2].rpartition(", ")[2])
+    window = "where the capture window userfw:warmup returned."
+    assert (refused, cgguard.status().exempted) == ([window, window], {})
+
+
+def test_a_capture_inside_an_open_declared_window_passes_after_a_profiles_closed(
+    frameworks: Path, cuda: None
+) -> None:
+    """The windows are one set: after the profile's window returned, a capture inside an open
+    declared window passes, as one inside the profile's own would after a declared one
+    closed."""
+    cgguard.install(cgguard.Config(windows=("userfw:warmup",), profiles="raise"))
+    runner = _import("vllm.v1.worker.gpu.model_runner")
+    user, plugin = _import("userfw"), _import("plugin")
+    runner.start()
+    user.warmup()
+    runner.start()
+    with pytest.raises(cgguard.CaptureDisabledError):
+        plugin.serve()
+    assert cgguard.status().violations == {"capture_disabled": 1}
+
+
+def test_log_only_profiles_leave_capture_enabled(frameworks: Path, cuda: None) -> None:
+    """After the profile's window closed, is_capture_enabled() and status() stay true while its
+    refusals are only logged, and turn false under profiles=raise."""
+    cgguard.install()
+    runner = _import("vllm.v1.worker.gpu.model_runner")
+    runner.start()
+    logged = (cgguard.is_capture_enabled(), cgguard.status().capture_enabled)
+    cgguard.install(cgguard.Config(profiles="raise"))
+    raised = (cgguard.is_capture_enabled(), cgguard.status().capture_enabled)
+    assert (logged, raised) == ((True, True), (False, False))
+
+
+def _layers(function: Any) -> int:
+    depth = 0
+    while hasattr(function, "__wrapped__"):
+        function, depth = function.__wrapped__, depth + 1
+    return depth
+
+
+@pytest.mark.parametrize("dropped", ["declared", "profile"])
+def test_a_declared_window_on_a_profiles_function_is_one_wrapper(
+    frameworks: Path, cuda: None, dropped: str
+) -> None:
+    """A declared window naming MRV2's capture_model shares the profile's wrapper: either one
+    dropped, the other still opens and closes; uninstall puts back the very function."""
+    runner = _import("vllm.v1.worker.gpu.model_runner")
+    plugin = _import("plugin")
+    original = vars(runner.GPUModelRunner)["capture_model"]
+    cgguard.install(cgguard.Config(windows=(MRV2,), profiles="raise"))
+    both = _layers(vars(runner.GPUModelRunner)["capture_model"])
+    if dropped == "declared":
+        cgguard.install(cgguard.Config(profiles="raise"))
+        kept = [w.state for w in _profile("vllm").windows][:1]
+    else:
+        cgguard.install(cgguard.Config(windows=(MRV2,), profiles="off"))
+        kept = [w.state for w in cgguard.status().windows]
+    runner.start()
+    with pytest.raises(cgguard.CaptureDisabledError):
+        plugin.serve()
+    cgguard.uninstall()
+    runner.start()  # the function put back: nothing of cgguard's runs, nothing is followed
+    from cgguard import _state
+
+    put_back = vars(runner.GPUModelRunner)["capture_model"] is original
+    assert (both, kept, put_back, _state.FOLLOWED) == (2, ["watched"], True, [])
+
+
+def test_a_forked_child_forgets_the_window_calls_of_other_threads(
+    frameworks: Path, cuda: None
+) -> None:
+    """A thread inside a window function at a fork never returns in the child: there, a capture
+    outside every window is refused."""
+    import os
+
+    cgguard.install(cgguard.Config(windows=("userfw:hold",), mode="raise", log_file=os.devnull))
+    user, plugin = _import("userfw"), _import("plugin")
+    done = threading.Event()
+    done.set()
+    user.hold(threading.Event(), done)  # entered and closed
+    entered, leave = threading.Event(), threading.Event()
+    holder = threading.Thread(target=user.hold, args=(entered, leave))
+    holder.start()
+    entered.wait(10)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        try:
+            plugin.serve()
+            os.write(write, b"passed")
+        except cgguard.CaptureDisabledError:
+            os.write(write, b"refused")
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read, "rb") as pipe:
+        child = pipe.read()
+    leave.set()
+    holder.join()
+    assert child == b"refused"
 
 
 def test_the_encoder_runners_override_is_a_window_of_its_own(frameworks: Path, cuda: None) -> None:
@@ -502,17 +679,20 @@ def _bare_capture() -> None:
         pass
 
 
-def test_a_getter_that_fails_counts_as_inside_with_one_warning(
+def test_a_getter_that_fails_lets_the_capture_through_with_one_warning(
     frameworks: Path, cuda: None, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    """SGLang's get_flags() failing (its runtime context gone) never fails a capture: the
-    window counts as inside, with one warning line naming it, however many captures ask."""
+    """SGLang's get_flags() failing (its runtime context not there yet) never fails a capture:
+    it is let through, with one warning line naming the window, however many captures ask; and
+    the window was not entered by it, so once readable and false, captures still pass."""
     cgguard.install(cgguard.Config(profiles="raise"))
     context = _import("sglang.srt.runtime_context")
     plugin = _import("plugin")
     capfd.readouterr()
-    context._CONTEXT = None  # get_flags() then raises AttributeError
+    saved, context._CONTEXT = context._CONTEXT, None  # get_flags() then raises AttributeError
     plugin.serve()
+    plugin.serve()
+    context._CONTEXT = saved
     plugin.serve()
     window = "sglang.srt.runtime_context:get_flags().dp.capturing_prefill_graph"
     assert (cgguard.status().violations, capfd.readouterr().err) == (
@@ -520,3 +700,23 @@ def test_a_getter_that_fails_counts_as_inside_with_one_warning(
         f"cgguard: cannot read the capture window {window}: "
         "AttributeError(\"'NoneType' object has no attribute 'flags'\")\n",
     )
+
+
+def test_a_getter_that_fails_after_a_window_closed_still_lets_the_capture_through(
+    frameworks: Path, cuda: None
+) -> None:
+    """With SGLang's windows entered and closed, a capture while get_flags() fails passes (the
+    window cannot be read, so it is not known to be outside); once readable again, one outside
+    every window is refused."""
+    cgguard.install(cgguard.Config(profiles="raise", log_file="/dev/null"))
+    mode = _import("sglang.srt.model_executor.runner_utils.capture_mode")
+    context = _import("sglang.srt.runtime_context")
+    plugin = _import("plugin")
+    with mode.model_capture_mode():
+        plugin.serve()  # entered
+    saved, context._CONTEXT = context._CONTEXT, None
+    plugin.serve()
+    context._CONTEXT = saved
+    with pytest.raises(cgguard.CaptureDisabledError):
+        plugin.serve()
+    assert cgguard.status().violations == {"capture_disabled": 1}
