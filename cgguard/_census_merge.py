@@ -168,8 +168,7 @@ def site_text(entry: Mapping[str, Any]) -> str:
         if entry["bytes_reserved"] is None
         else f"{entry['bytes_reserved']} bytes reserved"
     )
-    where = f"{shown(entry['file'])}:{entry['line']} (in {shown(entry['function'])})"
-    line = f"{where}: {entry['count']} captures ({outcomes}), {entry['seconds']:.6f} s, {weight}"
+    line = f"{place_text(entry)}: {entry['count']} captures ({outcomes}), {entry['seconds']:.6f} s, {weight}"
     if "replays" in entry:
         line += f", {entry['replays']} replays, {entry.get('never_replayed', 0)} never replayed"
     slowest = entry.get("slowest")
@@ -181,8 +180,15 @@ def site_text(entry: Mapping[str, Any]) -> str:
 
 def skip_text(skip: Mapping[str, Any]) -> str:
     """One merged skip in a line."""
-    where = f"{shown(skip['file'])}:{skip['line']} (in {shown(skip['function'])})"
-    return f"{shown(skip['reason'])}: {skip['count']} at {where}"
+    return f"{shown(skip['reason'])}: {skip['count']} at {place_text(skip)}"
+
+
+def place_text(entry: Mapping[str, Any]) -> str:
+    """A census entry's site, its names shown safe: "an unknown site" where no file is known
+    (a capture begun from code cgguard could not see), as the Markdown view says it."""
+    if entry["file"] is None:
+        return "an unknown site"
+    return f"{shown(entry['file'])}:{entry['line']} (in {shown(entry['function'])})"
 
 
 def _copy(entry: Mapping[str, Any]) -> dict[str, Any]:

@@ -517,3 +517,34 @@ def test_the_reports_entries_follow_each_change_of_their_site(installed: None) -
     captured()
     (entry,) = census.captures()
     assert (first[0]["count"], entry["count"], entry["outcomes"]) == (1, 2, outcomes(ended=2))
+
+
+def test_a_site_without_a_file_is_an_unknown_site_in_the_merged_text() -> None:
+    """cgguard report's text names a capture or a skip whose file is not known "an unknown
+    site", as its Markdown does."""
+    from cgguard._census_merge import CensusMerge, site_text, skip_text
+
+    unknown = {
+        "file": None,
+        "line": None,
+        "function": None,
+        "count": 2,
+        "seconds": 0.5,
+        "max_seconds": 0.25,
+        "bytes_reserved": None,
+        "bytes_allocated": None,
+        "outcomes": outcomes(ended=2),
+        "errors": {},
+        "apis": {"torch.cuda.graph": 2},
+        "modes": {"global": 2},
+        "threads": {"MainThread": 2},
+        "pools": {"private": 2},
+        "devices": None,
+    }
+    skip = {"reason": "cpu device", "count": 1, "example": "", "file": None, "line": None}
+    merge = CensusMerge()
+    merge.add("host", 7, None, [unknown], [{**skip, "function": None}])
+    assert [site_text(entry) for entry in merge.captures()] == [
+        "an unknown site: 2 captures (ended 2), 0.500000 s, bytes not measured"
+    ]
+    assert [skip_text(s) for s in merge.cudagraph_skips()] == ["cpu device: 1 at an unknown site"]
