@@ -82,6 +82,7 @@ class CaptureSite:
         "entry",
         "errors",
         "graphs_replayed",
+        "graphs_tracked",
         "kinds",
         "lasti",
         "max_seconds",
@@ -110,7 +111,10 @@ class CaptureSite:
         # (api, mode, thread name, pool, device) -> captures.
         self.kinds: dict[Kind, int] = {}
         self.replays = 0
-        self.graphs_replayed = 0  # graphs captured here that were replayed at least once
+        # Graphs captured here while replays were counted, and those of them replayed at least
+        # once: a graph captured before replays were counted is in neither.
+        self.graphs_tracked = 0
+        self.graphs_replayed = 0
 
     def frame(self) -> FrameInfo | None:
         """The site's user frame, rendered once."""
@@ -235,6 +239,7 @@ class Census:
             kind = (OTHER, OTHER, OTHER, OTHER, None)
         kinds[kind] = kinds.get(kind, 0) + 1
         if graph is not None:
+            site.graphs_tracked += 1
             self._graphs[graph] = [site, False]
 
     def replayed(self, graph: Any) -> None:
@@ -345,6 +350,7 @@ def _copy(site: CaptureSite) -> dict[str, Any]:
         "kinds": dict(site.kinds),
         "replays": site.replays,
         "graphs_replayed": site.graphs_replayed,
+        "graphs_tracked": site.graphs_tracked,
     }
 
 
@@ -375,7 +381,7 @@ def entry(top: FrameInfo | None, values: dict[str, Any], *, replays: bool) -> Ca
     }
     if replays:
         result["replays"] = values["replays"]
-        result["never_replayed"] = values["outcomes"][ENDED] - values["graphs_replayed"]
+        result["never_replayed"] = values["graphs_tracked"] - values["graphs_replayed"]
     return cast("CaptureEntry", result)
 
 

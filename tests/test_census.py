@@ -548,3 +548,17 @@ def test_a_site_without_a_file_is_an_unknown_site_in_the_merged_text() -> None:
         "an unknown site: 2 captures (ended 2), 0.500000 s, bytes not measured"
     ]
     assert [skip_text(s) for s in merge.cudagraph_skips()] == ["cpu device: 1 at an unknown site"]
+
+
+def test_replays_turned_on_later_leave_the_graphs_captured_before_out(installed: None) -> None:
+    """census_replays switched on by reconfiguration: a graph captured before is neither
+    counted as replayed nor as never replayed; those captured after are."""
+    before = captured()
+    cgguard.install(cgguard.Config(mode="log", log_file=os.devnull, census_replays=True))
+    replayed, _never = captured(), captured()
+    for _ in range(5):
+        before.replay()
+    replayed.replay()
+    replayed.replay()
+    (site,) = cgguard.census()["captures"]
+    assert (site["count"], site["replays"], site["never_replayed"]) == (3, 2, 1)
