@@ -168,7 +168,8 @@ def site_text(entry: Mapping[str, Any]) -> str:
         if entry["bytes_reserved"] is None
         else f"{entry['bytes_reserved']} bytes reserved"
     )
-    line = f"{place_text(entry)}: {entry['count']} captures ({outcomes}), {entry['seconds']:.6f} s, {weight}"
+    line = f"{place_text(entry)}: {entry['count']} captures ({outcomes}), {entry['seconds']:.6f} s"
+    line += f", {weight}"
     if "replays" in entry:
         line += f", {entry['replays']} replays, {entry.get('never_replayed', 0)} never replayed"
     slowest = entry.get("slowest")
