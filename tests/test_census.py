@@ -417,6 +417,7 @@ def test_a_hundred_thousand_captures_at_one_site_are_one_aggregate() -> None:
     kind = ("torch.cuda.graph", "global", "MainThread", "private", None)
     code = test_a_hundred_thousand_captures_at_one_site_are_one_aggregate.__code__
     for _ in range(100_000):
+        census.ended.append(((code, 10),))  # its begin, then its end, as the watcher queues them
         census.ended.append(((code, 10), kind, "ended", None, 0.001, None, None))
         if len(census.ended) >= _census.ENDED_MAX:
             census.fold()
@@ -562,3 +563,16 @@ def test_replays_turned_on_later_leave_the_graphs_captured_before_out(installed:
     replayed.replay()
     (site,) = cgguard.census()["captures"]
     assert (site["count"], site["replays"], site["never_replayed"]) == (3, 2, 1)
+
+
+def test_a_capture_still_open_when_the_census_is_read_is_in_its_count(installed: None) -> None:
+    """count is every capture begun: one not ended yet is counted, in no outcome, and gets its
+    outcome once it ends."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(torch.cuda.Stream()):
+        graph.capture_begin()
+        try:
+            assert counts() == [(1, outcomes())]
+        finally:
+            graph.capture_end()
+    assert counts() == [(1, outcomes(ended=1))]
