@@ -576,3 +576,29 @@ def test_a_capture_still_open_when_the_census_is_read_is_in_its_count(installed:
         finally:
             graph.capture_end()
     assert counts() == [(1, outcomes(ended=1))]
+
+
+def test_the_exit_event_shows_the_most_counted_skips_with_their_examples_cut() -> None:
+    """The cgguard.census event lists the five most counted skips, each example cut to 200
+    characters; its totals, and the census itself, keep every skip whole."""
+    from cgguard import _events
+
+    census = Census()
+    code = test_the_exit_event_shows_the_most_counted_skips_with_their_examples_cut.__code__
+    long = "skipping cudagraphs due to cpu device (arg0_1). Found from\n" + "  x\n" * 300
+    for i in range(8):  # reason i, counted i + 1 times, at line i
+        for _ in range(i + 1):
+            census.skipped(f"skipping cudagraphs due to reason {chr(97 + i)}", (code, i))
+    for _ in range(20):
+        census.skipped(long, (code, 99))
+    event = _events.census(census)
+    shown = [(s["reason"], s["count"], s["example"]) for s in event["cudagraph_skips"]]
+    assert shown == [
+        ("cpu device", 20, long[:200]),
+        ("reason h", 8, "skipping cudagraphs due to reason h"),
+        ("reason g", 7, "skipping cudagraphs due to reason g"),
+        ("reason f", 6, "skipping cudagraphs due to reason f"),
+        ("reason e", 5, "skipping cudagraphs due to reason e"),
+    ]
+    assert event["totals"]["cudagraph_skips"] == 56  # 1 + ... + 8, and 20
+    assert [s["example"] for s in census.skips()][-1] == long.strip()
