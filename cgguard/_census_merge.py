@@ -174,9 +174,14 @@ def site_text(entry: Mapping[str, Any]) -> str:
         line += f", {entry['replays']} replays, {entry.get('never_replayed', 0)} never replayed"
     slowest = entry.get("slowest")
     if slowest is not None and entry.get("processes", 1) > 1:
-        who = _Process(slowest["host"], slowest["pid"], slowest["rank"]).who()
-        line += f"; slowest {who} ({slowest['seconds']:.6f} s)"
+        line += f"; slowest {slowest_text(slowest)}"
     return line
+
+
+def slowest_text(slowest: Mapping[str, Any]) -> str:
+    """A site's slowest process, its host, pid and rank (where known), and its seconds."""
+    who = _Process(slowest["host"], slowest["pid"], slowest["rank"]).who()
+    return f"{who} ({slowest['seconds']:.6f} s)"
 
 
 def skip_text(skip: Mapping[str, Any]) -> str:
