@@ -602,3 +602,27 @@ def test_the_exit_event_shows_the_most_counted_skips_with_their_examples_cut() -
     ]
     assert event["totals"]["cudagraph_skips"] == 56  # 1 + ... + 8, and 20
     assert [s["example"] for s in census.skips()][-1] == long.strip()
+
+
+def test_the_console_summary_names_a_site_without_a_file_an_unknown_site() -> None:
+    """The exit summary's lines, like cgguard report's, say "an unknown site" where a capture's
+    or a skip's file is not known."""
+    from cgguard import _log
+
+    site = {
+        "file": None,
+        "line": None,
+        "function": None,
+        "count": 1,
+        "seconds": 0.25,
+        "bytes_reserved": None,
+        "outcomes": outcomes(ended=1),
+    }
+    skip = {"reason": "cpu device", "count": 3, "file": None, "line": None, "function": None}
+    event = {"event": "cgguard.census", "captures": [site], "cudagraph_skips": [skip]}
+    assert _log._census_as_text(None, "info", event)["stack"] == (
+        "top capture sites (by seconds):\n"
+        "  an unknown site: 1 captures (ended 1), 0.250000 s, bytes not measured\n"
+        "torch.compile's skipped cudagraphs:\n"
+        "  cpu device: 3 at an unknown site"
+    )
