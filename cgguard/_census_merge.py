@@ -162,7 +162,7 @@ class CensusMerge:
 
 def site_text(entry: Mapping[str, Any]) -> str:
     """One merged site in a line, its names shown safe."""
-    outcomes = ", ".join(f"{shown(k)} {v}" for k, v in entry["outcomes"].items() if v)
+    outcomes = outcomes_text(entry)
     weight = (
         "bytes not measured"
         if entry["bytes_reserved"] is None
@@ -187,6 +187,17 @@ def slowest_text(slowest: Mapping[str, Any]) -> str:
 def skip_text(skip: Mapping[str, Any]) -> str:
     """One merged skip in a line."""
     return f"{shown(skip['reason'])}: {skip['count']} at {place_text(skip)}"
+
+
+def outcomes_text(entry: Mapping[str, Any]) -> str:
+    """A census entry's captures by outcome, "open N" last for those begun and not ended when
+    the census was read."""
+    counts = entry["outcomes"]
+    parts = [f"{shown(k)} {v}" for k, v in counts.items() if v]
+    still = entry["count"] - sum(counts.values())
+    if still > 0:
+        parts.append(f"open {still}")
+    return ", ".join(parts)
 
 
 def place_text(entry: Mapping[str, Any]) -> str:

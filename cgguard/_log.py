@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from cgguard._census_merge import place_text
+from cgguard._census_merge import outcomes_text, place_text
 from cgguard._frames import format_frames
 from cgguard._rules import RULES
 from cgguard._settings import shown
@@ -175,7 +175,7 @@ def _census_as_text(_: object, __: str, event_dict: MutableMapping[str, Any]) ->
 
 def census_site_line(site: Mapping[str, Any]) -> str:
     """One capture site of the census, in a line: where, how many, how long, how it ended."""
-    outcomes = ", ".join(f"{k} {v}" for k, v in site["outcomes"].items() if v)
+    outcomes = outcomes_text(site)
     weight = (
         "bytes not measured"
         if site["bytes_reserved"] is None

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import cgguard
-from cgguard import _census, _state
+from cgguard import _census, _log, _state
 from cgguard._census import Census, skip_reason
 from cgguard.testing import simulated_cuda
 
@@ -573,6 +573,9 @@ def test_a_capture_still_open_when_the_census_is_read_is_in_its_count(installed:
         graph.capture_begin()
         try:
             assert counts() == [(1, outcomes())]
+            (site,) = cgguard.census()["captures"]
+            line = _log.census_site_line(site)
+            assert line[line.index(": ") :].startswith(": 1 captures (open 1), ")
         finally:
             graph.capture_end()
     assert counts() == [(1, outcomes(ended=1))]
