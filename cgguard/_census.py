@@ -38,16 +38,19 @@ if TYPE_CHECKING:
 # A capture as the census counts it: (api, mode, thread name, pool, device or None).
 Kind = tuple[str, str, str, str, "str | None"]
 # A capture ended and not yet folded: (where, kind, outcome, error type, seconds, growth,
-# graph).
-Ended = tuple[
-    "tuple[CodeType | None, int]",
-    Kind,
-    str,
-    "str | None",
-    float,
-    "tuple[int, int, int] | None",
-    Any,
-]
+# graph); one begun is (where,) in the same queue, before its end.
+Ended = (
+    tuple[
+        "tuple[CodeType | None, int]",
+        Kind,
+        str,
+        "str | None",
+        float,
+        "tuple[int, int, int] | None",
+        Any,
+    ]
+    | tuple["tuple[CodeType | None, int]"]
+)
 
 REFUSED = OUTCOMES[2]
 
@@ -82,6 +85,7 @@ class CaptureSite:
         "entry",
         "errors",
         "graphs_replayed",
+        "graphs_tracked",
         "kinds",
         "lasti",
         "max_seconds",
@@ -110,7 +114,10 @@ class CaptureSite:
         # (api, mode, thread name, pool, device) -> captures.
         self.kinds: dict[Kind, int] = {}
         self.replays = 0
-        self.graphs_replayed = 0  # graphs captured here that were replayed at least once
+        # Graphs captured here while replays were counted, and those of them replayed at least
+        # once: a graph captured before replays were counted is in neither.
+        self.graphs_tracked = 0
+        self.graphs_replayed = 0
 
     def frame(self) -> FrameInfo | None:
         """The site's user frame, rendered once."""
@@ -181,7 +188,10 @@ class Census:
                     item = ended.popleft()
                 except IndexError:
                     break
-                self._count(*item)
+                if len(item) == 1:
+                    self._begun(item[0])
+                else:
+                    self._count(*item, begun=True)
 
     def capture(  # noqa: PLR0917 - the fold's own call: positional costs least
         self,
@@ -200,7 +210,22 @@ class Census:
         ``graph``: the graph of an ended capture, while replays are counted.
         """
         with self._lock:
-            self._count(where, kind, outcome, error, seconds, grown, graph)
+            self._count(where, kind, outcome, error, seconds, grown, graph, begun=False)
+
+    def _site(self, where: tuple[CodeType | None, int]) -> CaptureSite:
+        code, lasti = where
+        key = (id(code), lasti)
+        site = self._sites.get(key)
+        if site is None:
+            site = self._sites[key] = CaptureSite(code, lasti)
+        return site
+
+    def _begun(self, where: tuple[CodeType | None, int]) -> None:
+        # A capture is in its site's count from its begin: one still open when the census is
+        # read is counted, in no outcome yet.
+        site = self._site(where)
+        site.count += 1
+        site.version += 1
 
     def _count(  # noqa: PLR0917 - run per capture in the fold's loop
         self,
@@ -211,13 +236,12 @@ class Census:
         seconds: float,
         grown: tuple[int, int, int] | None,
         graph: Any,
+        *,
+        begun: bool,
     ) -> None:
-        code, lasti = where
-        key = (id(code), lasti)
-        site = self._sites.get(key)
-        if site is None:
-            site = self._sites[key] = CaptureSite(code, lasti)
-        site.count += 1
+        site = self._site(where)
+        if not begun:  # its begin was not counted already (a refused capture never began)
+            site.count += 1
         site.version += 1
         site.outcomes[outcome] += 1
         if outcome not in (ABANDONED, REFUSED):
@@ -235,6 +259,7 @@ class Census:
             kind = (OTHER, OTHER, OTHER, OTHER, None)
         kinds[kind] = kinds.get(kind, 0) + 1
         if graph is not None:
+            site.graphs_tracked += 1
             self._graphs[graph] = [site, False]
 
     def replayed(self, graph: Any) -> None:
@@ -345,6 +370,7 @@ def _copy(site: CaptureSite) -> dict[str, Any]:
         "kinds": dict(site.kinds),
         "replays": site.replays,
         "graphs_replayed": site.graphs_replayed,
+        "graphs_tracked": site.graphs_tracked,
     }
 
 
@@ -375,7 +401,7 @@ def entry(top: FrameInfo | None, values: dict[str, Any], *, replays: bool) -> Ca
     }
     if replays:
         result["replays"] = values["replays"]
-        result["never_replayed"] = values["outcomes"][ENDED] - values["graphs_replayed"]
+        result["never_replayed"] = values["graphs_tracked"] - values["graphs_replayed"]
     return cast("CaptureEntry", result)
 
 
@@ -420,7 +446,7 @@ class CensusWatcher(Watcher):
     ``memory`` gives the memory probe of the capture path once torch is patched (None where
     there is nothing to ask); ``changed``, if any, is told after each capture (the report);
     ``counted`` too (the metrics). Each capture costs two clock readings, a look-up of its
-    frame's code, two tuples and an append: the census is folded where it is read.
+    frame's code, three tuples and two appends: the census is folded where it is read.
     """
 
     def __init__(
@@ -461,6 +487,7 @@ class CensusWatcher(Watcher):
         if probe is _UNKNOWN:
             probe = self._probe = self._memory()
         before = probe() if probe is not None else None
+        self.census.ended.append((where,))  # counted from its begin, even if never ended
         # Read last: the time is capture_begin's own, and the statistics' read is not in it.
         return (where, record, args, kwargs, graph, probe, before, perf_counter())
 

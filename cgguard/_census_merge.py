@@ -162,27 +162,50 @@ class CensusMerge:
 
 def site_text(entry: Mapping[str, Any]) -> str:
     """One merged site in a line, its names shown safe."""
-    outcomes = ", ".join(f"{shown(k)} {v}" for k, v in entry["outcomes"].items() if v)
+    outcomes = outcomes_text(entry)
     weight = (
         "bytes not measured"
         if entry["bytes_reserved"] is None
         else f"{entry['bytes_reserved']} bytes reserved"
     )
-    where = f"{shown(entry['file'])}:{entry['line']} (in {shown(entry['function'])})"
-    line = f"{where}: {entry['count']} captures ({outcomes}), {entry['seconds']:.6f} s, {weight}"
+    line = f"{place_text(entry)}: {entry['count']} captures ({outcomes}), {entry['seconds']:.6f} s"
+    line += f", {weight}"
     if "replays" in entry:
         line += f", {entry['replays']} replays, {entry.get('never_replayed', 0)} never replayed"
     slowest = entry.get("slowest")
     if slowest is not None and entry.get("processes", 1) > 1:
-        who = _Process(slowest["host"], slowest["pid"], slowest["rank"]).who()
-        line += f"; slowest {who} ({slowest['seconds']:.6f} s)"
+        line += f"; slowest {slowest_text(slowest)}"
     return line
+
+
+def slowest_text(slowest: Mapping[str, Any]) -> str:
+    """A site's slowest process, its host, pid and rank (where known), and its seconds."""
+    who = _Process(slowest["host"], slowest["pid"], slowest["rank"]).who()
+    return f"{who} ({slowest['seconds']:.6f} s)"
 
 
 def skip_text(skip: Mapping[str, Any]) -> str:
     """One merged skip in a line."""
-    where = f"{shown(skip['file'])}:{skip['line']} (in {shown(skip['function'])})"
-    return f"{shown(skip['reason'])}: {skip['count']} at {where}"
+    return f"{shown(skip['reason'])}: {skip['count']} at {place_text(skip)}"
+
+
+def outcomes_text(entry: Mapping[str, Any]) -> str:
+    """A census entry's captures by outcome, "open N" last for those begun and not ended when
+    the census was read."""
+    counts = entry["outcomes"]
+    parts = [f"{shown(k)} {v}" for k, v in counts.items() if v]
+    still = entry["count"] - sum(counts.values())
+    if still > 0:
+        parts.append(f"open {still}")
+    return ", ".join(parts)
+
+
+def place_text(entry: Mapping[str, Any]) -> str:
+    """A census entry's site, its names shown safe: "an unknown site" where no file is known
+    (a capture begun from code cgguard could not see), as the Markdown view says it."""
+    if entry["file"] is None:
+        return "an unknown site"
+    return f"{shown(entry['file'])}:{entry['line']} (in {shown(entry['function'])})"
 
 
 def _copy(entry: Mapping[str, Any]) -> dict[str, Any]:

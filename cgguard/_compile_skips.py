@@ -56,6 +56,24 @@ class CountingCounter(collections.Counter[str]):
         return collections.Counter, (dict(self),)
 
 
+class _CountingFactory:
+    """The ``default_factory`` of torch's counters while skips are counted: a fresh entry
+    (after ``counters.clear()``) is a CountingCounter, so "inductor" counts again at its first
+    use. Pickled, it is ``collections.Counter`` itself, torch's own factory: ``pickle.dumps``
+    of the whole ``counters`` names nothing of cgguard's, and loads where cgguard is not."""
+
+    def __call__(self) -> CountingCounter:
+        return CountingCounter()
+
+    def __reduce__(self) -> tuple[type[type], tuple[collections.Counter[str]]]:
+        # type(Counter()) is the Counter class: a callable and arguments that pickle names
+        # only from the standard library.
+        return type, (collections.Counter(),)
+
+
+_FACTORY = _CountingFactory()
+
+
 def watch() -> None:
     """Count skipped cudagraphs from now on: at once if torch._dynamo.utils is imported,
     otherwise once it is."""
@@ -79,7 +97,7 @@ def unwatch() -> None:
     if not isinstance(counters, collections.defaultdict):
         return
     try:
-        if counters.default_factory is CountingCounter:
+        if isinstance(counters.default_factory, _CountingFactory):
             counters.default_factory = collections.Counter
         inductor = counters.get("inductor")
         if type(inductor) is CountingCounter:
@@ -101,7 +119,7 @@ def on_import(utils: ModuleType) -> None:
         if not isinstance(counters, collections.defaultdict):
             warn_once("skips:hook", "torch's compile counters are not as expected: not counted")
             return
-        counters.default_factory = CountingCounter
+        counters.default_factory = _FACTORY
         inductor = counters.get("inductor")
         if type(inductor) is not CountingCounter:
             counters["inductor"] = CountingCounter(inductor or {})

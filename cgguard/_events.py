@@ -180,8 +180,12 @@ def _torch_version() -> str | None:
     return distribution_version("torch")
 
 
-# The exit summary names at most this many capture sites, the slowest first.
+# The exit summary names at most this many capture sites, the slowest first; and this many of
+# torch.compile's skips, the most counted first, each example cut to this many characters (the
+# report keeps every skip the census keeps, and more of each example).
 TOP_SITES = 5
+TOP_SKIPS = 5
+SKIP_EXAMPLE_SHOWN = 200
 
 
 def census_totals(
@@ -222,10 +226,15 @@ def census_line(totals: dict[str, object]) -> str:
 
 
 def census(counted: Census) -> CensusEvent:
-    """The ``cgguard.census`` event: the totals, in one line and as values, and the top sites."""
+    """The ``cgguard.census`` event: the totals, in one line and as values, the top sites and
+    the most counted skips, their examples cut."""
     captures, skips = counted.captures(), counted.skips()
     totals = census_totals(captures, skips, replays=counted.replays)
     top = sorted(captures, key=lambda site: -site["seconds"])[:TOP_SITES]
+    top_skips: list[SkipEntry] = [
+        {**skip, "example": skip["example"][:SKIP_EXAMPLE_SHOWN]}
+        for skip in sorted(skips, key=lambda skip: -skip["count"])[:TOP_SKIPS]
+    ]
     event: dict[str, object] = {
         "event": "cgguard.census",
         "level": "info",
@@ -234,7 +243,7 @@ def census(counted: Census) -> CensusEvent:
     }
     event.update(ranks())
     event.update(
-        timestamp=timestamp(time.time()), totals=totals, captures=top, cudagraph_skips=skips
+        timestamp=timestamp(time.time()), totals=totals, captures=top, cudagraph_skips=top_skips
     )
     return cast("CensusEvent", event)
 

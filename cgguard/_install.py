@@ -132,6 +132,7 @@ def uninstall() -> None:
         _windows.forget_all()
         _profiles.switch(False)
         _compile_skips.unwatch()
+        _metrics.unwant()
         installation = _state.current
         if installation is None:
             return
@@ -285,7 +286,9 @@ def _configure(
     _windows.declare(config.windows)
     _profiles.switch(config.profiles != "off", log_only=config.profiles == "log")
     if config.metrics is not None:
-        _metrics.start()
+        _metrics.want()
+    else:
+        _metrics.unwant()
     installation.watch(_watchers(config, installation))
     if config.census:
         _compile_skips.watch()
@@ -322,14 +325,13 @@ def _census_watcher(config: Config, installation: Installation) -> Watcher:
         if report is not None:
             report.changed(new_site=False)
 
-    metrics = _metrics.start() if config.metrics is not None else None
     return CensusWatcher(
         installation.run.census,
         replays=config.census_replays,
         memory=memory,
         # Without a report, nothing to tell: a call less per capture.
         changed=changed if config.report is not None else None,
-        counted=metrics.captured if metrics is not None else None,
+        counted=_metrics.captured if config.metrics is not None else None,
     )
 
 

@@ -13,6 +13,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from cgguard._census_merge import outcomes_text, place_text
 from cgguard._frames import format_frames
 from cgguard._rules import RULES
 from cgguard._settings import shown
@@ -165,8 +166,7 @@ def _census_as_text(_: object, __: str, event_dict: MutableMapping[str, Any]) ->
     if skips:
         lines.append("torch.compile's skipped cudagraphs:")
         lines += [
-            f"  {safe(str(skip['reason']))}: {skip['count']} at "
-            f"{safe(str(skip['file']))}:{skip['line']} (in {safe(str(skip['function']))})"
+            f"  {safe(str(skip['reason']))}: {skip['count']} at {place_text(skip)}"
             for skip in skips
         ]
     event_dict["stack"] = "\n".join(lines)
@@ -175,7 +175,7 @@ def _census_as_text(_: object, __: str, event_dict: MutableMapping[str, Any]) ->
 
 def census_site_line(site: Mapping[str, Any]) -> str:
     """One capture site of the census, in a line: where, how many, how long, how it ended."""
-    outcomes = ", ".join(f"{k} {v}" for k, v in site["outcomes"].items() if v)
+    outcomes = outcomes_text(site)
     weight = (
         "bytes not measured"
         if site["bytes_reserved"] is None
@@ -183,8 +183,8 @@ def census_site_line(site: Mapping[str, Any]) -> str:
     )
     replays = f", {site['replays']} replays" if "replays" in site else ""
     return (
-        f"{safe(str(site['file']))}:{site['line']} (in {safe(str(site['function']))}): "
-        f"{site['count']} captures ({outcomes}), {site['seconds']:.6f} s, {weight}{replays}"
+        f"{place_text(site)}: {site['count']} captures ({outcomes}), "
+        f"{site['seconds']:.6f} s, {weight}{replays}"
     )
 
 

@@ -18,7 +18,7 @@ import stat
 import sys
 from typing import TYPE_CHECKING, Any, TextIO, TypedDict
 
-from cgguard._census_merge import CensusMerge, site_text, skip_text
+from cgguard._census_merge import CensusMerge, site_text, skip_text, slowest_text
 from cgguard._frames import format_frames, where
 from cgguard._log import format_stacks
 from cgguard._rules import NAMES
@@ -777,8 +777,7 @@ def render_markdown(merged: Merged) -> Iterator[str]:
                     f"{entry['max_seconds']:.6f}",
                     "not measured" if entry["bytes_reserved"] is None else entry["bytes_reserved"],
                     entry["processes"],
-                    f"{shown(slowest['host']) or _UNKNOWN_HOST} pid {slowest['pid']}"
-                    f" ({slowest['seconds']:.6f} s)" if slowest else "",
+                    slowest_text(slowest) if slowest else "",
                 ]
             )  # fmt: skip
         skips = merged.census.cudagraph_skips()

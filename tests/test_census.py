@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import cgguard
-from cgguard import _census, _state
+from cgguard import _census, _log, _state
 from cgguard._census import Census, skip_reason
 from cgguard.testing import simulated_cuda
 
@@ -417,6 +417,7 @@ def test_a_hundred_thousand_captures_at_one_site_are_one_aggregate() -> None:
     kind = ("torch.cuda.graph", "global", "MainThread", "private", None)
     code = test_a_hundred_thousand_captures_at_one_site_are_one_aggregate.__code__
     for _ in range(100_000):
+        census.ended.append(((code, 10),))  # its begin, then its end, as the watcher queues them
         census.ended.append(((code, 10), kind, "ended", None, 0.001, None, None))
         if len(census.ended) >= _census.ENDED_MAX:
             census.fold()
@@ -517,3 +518,114 @@ def test_the_reports_entries_follow_each_change_of_their_site(installed: None) -
     captured()
     (entry,) = census.captures()
     assert (first[0]["count"], entry["count"], entry["outcomes"]) == (1, 2, outcomes(ended=2))
+
+
+def test_a_site_without_a_file_is_an_unknown_site_in_the_merged_text() -> None:
+    """cgguard report's text names a capture or a skip whose file is not known "an unknown
+    site", as its Markdown does."""
+    from cgguard._census_merge import CensusMerge, site_text, skip_text
+
+    unknown = {
+        "file": None,
+        "line": None,
+        "function": None,
+        "count": 2,
+        "seconds": 0.5,
+        "max_seconds": 0.25,
+        "bytes_reserved": None,
+        "bytes_allocated": None,
+        "outcomes": outcomes(ended=2),
+        "errors": {},
+        "apis": {"torch.cuda.graph": 2},
+        "modes": {"global": 2},
+        "threads": {"MainThread": 2},
+        "pools": {"private": 2},
+        "devices": None,
+    }
+    skip = {"reason": "cpu device", "count": 1, "example": "", "file": None, "line": None}
+    merge = CensusMerge()
+    merge.add("host", 7, None, [unknown], [{**skip, "function": None}])
+    assert [site_text(entry) for entry in merge.captures()] == [
+        "an unknown site: 2 captures (ended 2), 0.500000 s, bytes not measured"
+    ]
+    assert [skip_text(s) for s in merge.cudagraph_skips()] == ["cpu device: 1 at an unknown site"]
+
+
+def test_replays_turned_on_later_leave_the_graphs_captured_before_out(installed: None) -> None:
+    """census_replays switched on by reconfiguration: a graph captured before is neither
+    counted as replayed nor as never replayed; those captured after are."""
+    before = captured()
+    cgguard.install(cgguard.Config(mode="log", log_file=os.devnull, census_replays=True))
+    replayed, _never = captured(), captured()
+    for _ in range(5):
+        before.replay()
+    replayed.replay()
+    replayed.replay()
+    (site,) = cgguard.census()["captures"]
+    assert (site["count"], site["replays"], site["never_replayed"]) == (3, 2, 1)
+
+
+def test_a_capture_still_open_when_the_census_is_read_is_in_its_count(installed: None) -> None:
+    """count is every capture begun: one not ended yet is counted, in no outcome, and gets its
+    outcome once it ends."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(torch.cuda.Stream()):
+        graph.capture_begin()
+        try:
+            assert counts() == [(1, outcomes())]
+            (site,) = cgguard.census()["captures"]
+            line = _log.census_site_line(site)
+            assert line[line.index(": ") :].startswith(": 1 captures (open 1), ")
+        finally:
+            graph.capture_end()
+    assert counts() == [(1, outcomes(ended=1))]
+
+
+def test_the_exit_event_shows_the_most_counted_skips_with_their_examples_cut() -> None:
+    """The cgguard.census event lists the five most counted skips, each example cut to 200
+    characters; its totals, and the census itself, keep every skip whole."""
+    from cgguard import _events
+
+    census = Census()
+    code = test_the_exit_event_shows_the_most_counted_skips_with_their_examples_cut.__code__
+    long = "skipping cudagraphs due to cpu device (arg0_1). Found from\n" + "  x\n" * 300
+    for i in range(8):  # reason i, counted i + 1 times, at line i
+        for _ in range(i + 1):
+            census.skipped(f"skipping cudagraphs due to reason {chr(97 + i)}", (code, i))
+    for _ in range(20):
+        census.skipped(long, (code, 99))
+    event = _events.census(census)
+    shown = [(s["reason"], s["count"], s["example"]) for s in event["cudagraph_skips"]]
+    assert shown == [
+        ("cpu device", 20, long[:200]),
+        ("reason h", 8, "skipping cudagraphs due to reason h"),
+        ("reason g", 7, "skipping cudagraphs due to reason g"),
+        ("reason f", 6, "skipping cudagraphs due to reason f"),
+        ("reason e", 5, "skipping cudagraphs due to reason e"),
+    ]
+    assert event["totals"]["cudagraph_skips"] == 56  # 1 + ... + 8, and 20
+    assert [s["example"] for s in census.skips()][-1] == long.strip()
+
+
+def test_the_console_summary_names_a_site_without_a_file_an_unknown_site() -> None:
+    """The exit summary's lines, like cgguard report's, say "an unknown site" where a capture's
+    or a skip's file is not known."""
+    from cgguard import _log
+
+    site = {
+        "file": None,
+        "line": None,
+        "function": None,
+        "count": 1,
+        "seconds": 0.25,
+        "bytes_reserved": None,
+        "outcomes": outcomes(ended=1),
+    }
+    skip = {"reason": "cpu device", "count": 3, "file": None, "line": None, "function": None}
+    event = {"event": "cgguard.census", "captures": [site], "cudagraph_skips": [skip]}
+    assert _log._census_as_text(None, "info", event)["stack"] == (
+        "top capture sites (by seconds):\n"
+        "  an unknown site: 1 captures (ended 1), 0.250000 s, bytes not measured\n"
+        "torch.compile's skipped cudagraphs:\n"
+        "  cpu device: 3 at an unknown site"
+    )

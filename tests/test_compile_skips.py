@@ -22,6 +22,7 @@ from cgguard import _compile_skips
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from pathlib import Path
 
 pytestmark = [
     # Inductor's first import reaches torch/utils/mkldnn.py, which uses the deprecated decorator.
@@ -109,6 +110,44 @@ def test_the_counting_counters_pickle_as_torchs_own(fake_utils: types.ModuleType
     counters: Any = fake_utils.counters
     copied = pickle.loads(pickle.dumps(counters["inductor"]))  # noqa: S301 - made just above
     assert (type(copied), copied) == (collections.Counter, {"fxgraph_cache_miss": 1})
+
+
+def test_torchs_whole_counters_pickled_load_where_cgguard_is_not(
+    fake_utils: types.ModuleType, tmp_path: Path
+) -> None:
+    """Pickled whole, torch's counters (their factory too) load in a python -S that cannot
+    import cgguard, as the defaultdict of Counters torch made."""
+    import pickle
+    import subprocess
+
+    counters: Any = fake_utils.counters
+    counters["inductor"]["cudagraph_skips"] += 1
+    counters["stats"]["calls"] += 2
+    load = (
+        "import collections, pickle, sys\n"
+        "counters = pickle.loads(sys.stdin.buffer.read())\n"
+        "print(type(counters).__name__, counters.default_factory is collections.Counter,\n"
+        "      sorted((k, type(v).__name__, sorted(v.items())) for k, v in counters.items()),\n"
+        "      'cgguard' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME"}}
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", load],
+        input=pickle.dumps(counters),
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    expected = [
+        ("inductor", "Counter", [("cudagraph_skips", 1), ("fxgraph_cache_miss", 1)]),
+        ("stats", "Counter", [("calls", 2)]),
+    ]
+    assert (result.returncode, result.stdout.decode()) == (
+        0,
+        f"defaultdict True {expected} False\n",
+    ), result.stderr.decode()
 
 
 def test_without_the_census_nothing_is_hooked(fake_utils: types.ModuleType) -> None:

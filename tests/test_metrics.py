@@ -166,6 +166,71 @@ def test_the_multiprocess_collector_sums_two_processes(tmp_path: Path) -> None:
     assert close_to(scraped, expected), (scraped, expected)
 
 
+# As SGLang does: PROMETHEUS_MULTIPROC_DIR set after torch's import (where cgguard is
+# configured), then prometheus_client imported by the program, before its first capture or
+# after it ("late").
+LATE_MULTIPROC_PROGRAM = """\
+import os
+import sys
+
+import torch
+
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = sys.argv[1]
+
+
+def capture():
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        pass
+
+
+if "late" in sys.argv:
+    capture()
+import prometheus_client
+
+prometheus_client.Counter("app_requests", "the program's own").inc()
+capture()
+print(prometheus_client.values.ValueClass.__name__, flush=True)
+"""
+
+
+@pytest.mark.parametrize("order", ["imported first", "late"])
+def test_a_multiproc_dir_set_after_torchs_import_holds_the_programs_and_cgguards_values(
+    tmp_path: Path, order: str
+) -> None:
+    """PROMETHEUS_MULTIPROC_DIR set by the program after ``import torch``: prometheus_client
+    is still in multiprocess mode, and its folder holds the program's counter and cgguard's."""
+    folder = tmp_path / "prometheus"
+    folder.mkdir()
+    program = tmp_path / "late_multiproc_program.py"
+    program.write_text(LATE_MULTIPROC_PROGRAM)
+    run = [sys.executable, "-m", "cgguard", "run", "--simulate-cuda", "--metrics", "prometheus"]
+    result = subprocess.run(
+        [*run, "--log-file", os.devnull, str(program), str(folder), order],
+        env=child_environ(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert (result.returncode, result.stdout) == (0, "MmapedValue\n"), result.stderr
+    from prometheus_client import multiprocess
+
+    registry = prometheus_client.CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(folder))
+    scraped = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in parser.text_string_to_metric_families(
+            prometheus_client.generate_latest(registry).decode()
+        )
+        for sample in family.samples
+        if sample.name in {"app_requests_total", "cgguard_captures_total"}
+    }
+    assert scraped == {
+        ("app_requests_total", ()): 1.0,
+        ("cgguard_captures_total", (("outcome", "ended"),)): 2.0 if order == "late" else 1.0,
+    }
+
+
 def test_prometheus_client_is_never_imported_unless_asked(tmp_path: Path) -> None:
     """Without metrics asked for, a guarded process never imports prometheus_client."""
     result = subprocess.run(
@@ -186,6 +251,7 @@ def test_metrics_without_the_client_is_one_warning(
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
     monkeypatch.setattr(_metrics, "_active", None)
     monkeypatch.setattr(_metrics, "_failed", False)
+    monkeypatch.setattr(_metrics, "_wanted", False)
     cgguard.install(cgguard.Config(log_file=os.devnull, metrics="prometheus"))
     cgguard.install(cgguard.Config(log_file=os.devnull, metrics="prometheus"))
     assert _metrics.active() is None

@@ -1292,3 +1292,47 @@ def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: Path) -> None:
         err = child.stderr.read()
         status = child.wait(timeout=60)
     assert (status, err) == (1, b"")
+
+
+def census_entry(seconds: float) -> dict[str, Any]:
+    """One site's entry of a report's ``captures``: two captures that ended."""
+    return {
+        "file": "/job/train.py",
+        "line": 40,
+        "function": "step",
+        "count": 2,
+        "seconds": seconds,
+        "max_seconds": seconds / 2,
+        "bytes_reserved": None,
+        "bytes_allocated": None,
+        "outcomes": {"ended": 2, "failed": 0, "refused": 0, "abandoned": 0},
+        "errors": {},
+        "apis": {"torch.cuda.graph": 2},
+        "modes": {"global": 2},
+        "threads": {"MainThread": 2},
+        "pools": {"private": 2},
+        "devices": None,
+    }
+
+
+def test_markdown_names_a_sites_slowest_process_with_its_rank_as_text_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The Markdown captures table's "slowest" cell is the text view's: host, pid and rank."""
+    for pid, rank, seconds in ((101, 0, 1.0), (201, 1, 2.0)):
+        report = document(pid, [], schema=2, rank=rank, captures=[census_entry(seconds)])
+        write(tmp_path, f"r-{pid}.json", report)
+    status, out, _ = run(capsys, "--format", "markdown", str(tmp_path))
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("| site |"))
+    (row,) = table(lines, header)
+    assert (status, row[0], row[-2:]) == (
+        0,
+        "/job/train.py:40 (in step)",
+        ["2", "node-a pid 201 rank 1 (2.000000 s)"],
+    )
+    _, text, _ = run(capsys, str(tmp_path))
+    assert (
+        "  /job/train.py:40 (in step): 4 captures (ended 4), 3.000000 s, bytes not measured; "
+        "slowest node-a pid 201 rank 1 (2.000000 s)"
+    ) in text.splitlines()
