@@ -134,9 +134,9 @@ class CensusMerge:
         seconds = sum(site.entry["seconds"] for site in self.sites.values())
         skipped = sum(skip["count"] for skip in self.skips.values())
         line = (
-            f"census: {count} captures at {len(self.sites)} sites in "
-            f"{len(self.processes)} processes, {seconds:.6f} s; "
-            f"{skipped} compiled graphs skipped"
+            f"census: {counted(count, 'capture')} at {counted(len(self.sites), 'site')} in "
+            f"{counted(len(self.processes), 'process', 'processes')}, {seconds:.6f} s; "
+            f"{counted(skipped, 'compiled graph')} skipped"
         )
         slowest = self.slowest()
         if slowest is not None and len(self.processes) > 1:
@@ -168,7 +168,8 @@ def site_text(entry: Mapping[str, Any]) -> str:
         if entry["bytes_reserved"] is None
         else f"{entry['bytes_reserved']} bytes reserved"
     )
-    line = f"{place_text(entry)}: {entry['count']} captures ({outcomes}), {entry['seconds']:.6f} s"
+    captures = counted(entry["count"], "capture")
+    line = f"{place_text(entry)}: {captures} ({outcomes}), {entry['seconds']:.6f} s"
     line += f", {weight}"
     if "replays" in entry:
         line += f", {entry['replays']} replays, {entry.get('never_replayed', 0)} never replayed"
@@ -198,6 +199,11 @@ def outcomes_text(entry: Mapping[str, Any]) -> str:
     if still > 0:
         parts.append(f"open {still}")
     return ", ".join(parts)
+
+
+def counted(count: int, one: str, many: str = "") -> str:
+    """``count`` of a thing, named in the singular for one: "1 capture", "3 captures"."""
+    return f"{count} {one if count == 1 else many or one + 's'}"
 
 
 def place_text(entry: Mapping[str, Any]) -> str:

@@ -10,6 +10,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, cast
 
+from cgguard._census_merge import counted
 from cgguard._frames import render, where
 from cgguard._rules import RULES, Cause
 from cgguard._schema import RANK_KEYS, REPORT_SCHEMA
@@ -216,12 +217,15 @@ def census_line(totals: dict[str, object]) -> str:
     """The census's totals as the summary's one line."""
     grown = totals["bytes_reserved"]
     weight = "bytes not measured" if grown is None else f"{grown} bytes reserved"
+    captures, sites = cast("int", totals["captures"]), cast("int", totals["sites"])
+    skipped = cast("int", totals["cudagraph_skips"])
     line = (
-        f"{totals['captures']} captures at {totals['sites']} sites, {totals['seconds']:.6f} s, "
-        f"{weight}; {totals['cudagraph_skips']} compiled graphs skipped"
+        f"{counted(captures, 'capture')} at {counted(sites, 'site')}, "
+        f"{totals['seconds']:.6f} s, {weight}; {counted(skipped, 'compiled graph')} skipped"
     )
     if "never_replayed" in totals:
-        line += f"; {totals['never_replayed']} graphs never replayed"
+        never = cast("int", totals["never_replayed"])
+        line += f"; {counted(never, 'graph')} never replayed"
     return line
 
 

@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from cgguard._census_merge import outcomes_text, place_text
+from cgguard._census_merge import counted, outcomes_text, place_text
 from cgguard._frames import format_frames
 from cgguard._rules import RULES
 from cgguard._settings import shown
@@ -183,7 +183,7 @@ def census_site_line(site: Mapping[str, Any]) -> str:
     )
     replays = f", {site['replays']} replays" if "replays" in site else ""
     return (
-        f"{place_text(site)}: {site['count']} captures ({outcomes}), "
+        f"{place_text(site)}: {counted(site['count'], 'capture')} ({outcomes}), "
         f"{site['seconds']:.6f} s, {weight}{replays}"
     )
 

@@ -501,7 +501,7 @@ def test_the_probe_prints_a_census_of_its_own_captures() -> None:
     lines = result.stdout.splitlines()
     where = "on cgguard's simulated CUDA runtime (no GPU; not a GPU result)"
     assert lines[0] == f"census of the probe's own captures, {where}:"
-    assert lines[1].startswith("  3 captures at 1 sites, ")
+    assert lines[1].startswith("  3 captures at 1 site, ")
     assert lines[1].endswith(" s, bytes not measured; 0 compiled graphs skipped")
     assert lines[2].startswith("  <cgguard census probe>:6 (in capture): 3 captures (ended 3), ")
     assert lines[2].endswith(" s, bytes not measured; devices None")
@@ -575,7 +575,7 @@ def test_a_capture_still_open_when_the_census_is_read_is_in_its_count(installed:
             assert counts() == [(1, outcomes())]
             (site,) = cgguard.census()["captures"]
             line = _log.census_site_line(site)
-            assert line[line.index(": ") :].startswith(": 1 captures (open 1), ")
+            assert line[line.index(": ") :].startswith(": 1 capture (open 1), ")
         finally:
             graph.capture_end()
     assert counts() == [(1, outcomes(ended=1))]
@@ -625,7 +625,7 @@ def test_the_console_summary_names_a_site_without_a_file_an_unknown_site() -> No
     event = {"event": "cgguard.census", "captures": [site], "cudagraph_skips": [skip]}
     assert _log._census_as_text(None, "info", event)["stack"] == (
         "top capture sites (by seconds):\n"
-        "  an unknown site: 1 captures (ended 1), 0.250000 s, bytes not measured\n"
+        "  an unknown site: 1 capture (ended 1), 0.250000 s, bytes not measured\n"
         "torch.compile's skipped cudagraphs:\n"
         "  cpu device: 3 at an unknown site"
     )
