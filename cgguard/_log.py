@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from cgguard._census_merge import counted, outcomes_text, place_text
+from cgguard._census_merge import place_text, site_text
 from cgguard._frames import format_frames
 from cgguard._rules import RULES
 from cgguard._settings import shown
@@ -161,7 +161,7 @@ def _census_as_text(_: object, __: str, event_dict: MutableMapping[str, Any]) ->
     event_dict.pop("totals", None)
     lines = ["top capture sites (by seconds):"]
     for site in event_dict.pop("captures", None) or []:
-        lines.append(f"  {census_site_line(site)}")
+        lines.append(f"  {site_text(site)}")
     skips = event_dict.pop("cudagraph_skips", None) or []
     if skips:
         lines.append("torch.compile's skipped cudagraphs:")
@@ -171,21 +171,6 @@ def _census_as_text(_: object, __: str, event_dict: MutableMapping[str, Any]) ->
         ]
     event_dict["stack"] = "\n".join(lines)
     return event_dict
-
-
-def census_site_line(site: Mapping[str, Any]) -> str:
-    """One capture site of the census, in a line: where, how many, how long, how it ended."""
-    outcomes = outcomes_text(site)
-    weight = (
-        "bytes not measured"
-        if site["bytes_reserved"] is None
-        else f"{site['bytes_reserved']} bytes reserved"
-    )
-    replays = f", {site['replays']} replays" if "replays" in site else ""
-    return (
-        f"{place_text(site)}: {counted(site['count'], 'capture')} ({outcomes}), "
-        f"{site['seconds']:.6f} s, {weight}{replays}"
-    )
 
 
 class _Quoted:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import cgguard
-from cgguard import _census, _log, _state
+from cgguard import _census, _census_merge, _log, _state
 from cgguard._census import Census, skip_reason
 from cgguard.testing import simulated_cuda
 
@@ -574,7 +574,7 @@ def test_a_capture_still_open_when_the_census_is_read_is_in_its_count(installed:
         try:
             assert counts() == [(1, outcomes())]
             (site,) = cgguard.census()["captures"]
-            line = _log.census_site_line(site)
+            line = _census_merge.site_text(site)
             assert line[line.index(": ") :].startswith(": 1 capture (open 1), ")
         finally:
             graph.capture_end()
@@ -610,7 +610,6 @@ def test_the_exit_event_shows_the_most_counted_skips_with_their_examples_cut() -
 def test_the_console_summary_names_a_site_without_a_file_an_unknown_site() -> None:
     """The exit summary's lines, like cgguard report's, say "an unknown site" where a capture's
     or a skip's file is not known."""
-    from cgguard import _log
 
     site = {
         "file": None,

@@ -33,8 +33,8 @@ def main() -> int:
     import torch
 
     import cgguard
+    from cgguard._census_merge import site_text
     from cgguard._events import census_line, census_totals
-    from cgguard._log import census_site_line
     from cgguard.testing import simulated_cuda
 
     device = torch.cuda.is_available()
@@ -57,7 +57,7 @@ def main() -> int:
     print(f"census of the probe's own captures, {where}:")
     print(f"  {census_line(totals)}")
     for site in captures:
-        print(f"  {census_site_line(site)}; devices {site['devices']}")
+        print(f"  {site_text(site)}; devices {site['devices']}")
     return 0
 
 
