@@ -34,7 +34,7 @@ from cgguard._checks import (
     find_violations,
     why_sync,
 )
-from cgguard._errors import CaptureViolation
+from cgguard._errors import CaptureViolation, hidden_by_pytest
 from cgguard._flags import Disabler, disabled_by
 from cgguard._frames import snapshot, with_stack
 from cgguard._threads import this_thread
@@ -55,18 +55,8 @@ if TYPE_CHECKING:
 Tokens = list[tuple["Watcher", Any]]
 
 
-def _hidden_by_pytest(excinfo: Any) -> bool:
-    """Whether pytest leaves this module's frames out of a traceback: a violation's.
-
-    They lie between the user's call and the raise, so the traceback ends at the user's line
-    that broke the rule. Any other error keeps them, so that cgguard's own stays traceable.
-    """
-    return excinfo is not None and isinstance(excinfo.value, CaptureViolation)
-
-
-# pytest reads __tracebackhide__ from a frame's locals, then from its module's globals: set once
-# here, it costs the capture path nothing, where a local in each hook would cost every capture.
-__tracebackhide__ = _hidden_by_pytest
+# The traceback of a violation ends at the user's line (cgguard._errors.hidden_by_pytest).
+__tracebackhide__ = hidden_by_pytest
 
 API_GRAPH = "torch.cuda.graph"
 API_CAPTURE_BEGIN = "CUDAGraph.capture_begin"

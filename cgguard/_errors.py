@@ -29,6 +29,17 @@ class CaptureViolation(CgguardError, RuntimeError):  # noqa: N818 - the public n
         self.event: Mapping[str, object] = event if event is not None else {}
 
 
+def hidden_by_pytest(excinfo: object) -> bool:
+    """Whether pytest leaves a module's frames out of a traceback: a violation's.
+
+    Set as a module's ``__tracebackhide__`` (pytest reads it from a frame's locals, then from
+    its module's globals, so it costs the module's hot paths nothing): cgguard's frames lie
+    between the user's call and the raise, so the traceback ends at the user's line that broke
+    the rule. Any other error keeps them, so that cgguard's own stays traceable.
+    """
+    return excinfo is not None and isinstance(getattr(excinfo, "value", None), CaptureViolation)
+
+
 class CaptureDisabledError(CaptureViolation):
     """A capture began while capture was disabled."""
 

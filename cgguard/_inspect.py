@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from cgguard import _liveness, _state
 from cgguard._checks import BEGAN_AT, MODE, THREAD
+from cgguard._errors import hidden_by_pytest
 from cgguard._frames import innermost_visible, render, resolve, where
 from cgguard._liveness import stack_above
 from cgguard._sync_ops import SYNC_OPS, every_tensor, syncs
@@ -55,6 +56,9 @@ if TYPE_CHECKING:
     from cgguard._installation import Installation
     from cgguard._schema import ViolationEvent
     from cgguard._sync_ops import SyncOp
+
+# The traceback of a refused op ends at the user's line (cgguard._errors.hidden_by_pytest).
+__tracebackhide__ = hidden_by_pytest
 
 # The simulated CUDA runtime while it is in place (cgguard.testing sets it): CPU tensors then
 # stand for device tensors, and an implicit synchronize let through fails as CUDA fails it.
