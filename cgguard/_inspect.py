@@ -231,7 +231,7 @@ def _mode_type() -> type:
             # releases never ask): see the module's docstring.
             return True
 
-        def __torch_dispatch__(  # noqa: PLR0912, PLR0915 - the hot path, inlined on purpose
+        def __torch_dispatch__(  # noqa: PLR0912 - the hot path, inlined on purpose
             self,
             func: Any,
             types: Any,
@@ -269,46 +269,28 @@ def _mode_type() -> type:
             scanned = (*args, *kwargs.values()) if kwargs else args
             try:
                 for arg in scanned:
-                    if isinstance(arg, tensor):
-                        if every or arg.is_cuda:
+                    # A tensor, or a list or tuple of them (torch.cat's): one level deep.
+                    for item in arg if type(arg) is list or type(arg) is tuple else (arg,):
+                        if isinstance(item, tensor) and (every or item.is_cuda):
                             try:
-                                storage = arg.untyped_storage()
+                                storage = item.untyped_storage()
                             except Exception:  # noqa: S112 - sparse: no storage to hold
                                 continue
                             address = storage.data_ptr()
                             if address and address not in seen:
-                                inputs.read(storage, address, arg)
-                    elif type(arg) is list or type(arg) is tuple:
-                        for item in arg:
-                            if isinstance(item, tensor) and (every or item.is_cuda):
-                                try:
-                                    storage = item.untyped_storage()
-                                except Exception:  # noqa: S112 - sparse: no storage to hold
-                                    continue
-                                address = storage.data_ptr()
-                                if address and address not in seen:
-                                    inputs.read(storage, address, item)
+                                inputs.read(storage, address, item)
             except Exception as exc:
                 warn_once("inspect:read", f"internal error while inspecting an op: {exc!r}")
             out = func(*args, **kwargs)
             try:
-                if isinstance(out, tensor):
-                    if every or out.is_cuda:
+                for value in out if type(out) is tuple or type(out) is list else (out,):
+                    if isinstance(value, tensor) and (every or value.is_cuda):
                         try:
-                            address = out.untyped_storage().data_ptr()
-                        except Exception:
-                            address = 0
+                            address = value.untyped_storage().data_ptr()
+                        except Exception:  # noqa: S112 - sparse: no storage to hold
+                            continue
                         if address and address not in seen:
                             seen[address] = None  # the capture's own allocation
-                elif type(out) is tuple or type(out) is list:
-                    for value in out:
-                        if isinstance(value, tensor) and (every or value.is_cuda):
-                            try:
-                                address = value.untyped_storage().data_ptr()
-                            except Exception:  # noqa: S112 - sparse: no storage to hold
-                                continue
-                            if address and address not in seen:
-                                seen[address] = None
             except Exception as exc:
                 warn_once("inspect:made", f"internal error while inspecting an op: {exc!r}")
             return out
