@@ -128,6 +128,20 @@ def _pinned(tensor: Any) -> bool:
 
 
 _MEMCPY_AND_SYNC = "at::cuda::memcpy_and_sync (c10/cuda/CUDAFunctions.h)"
+# The sources two overloads each share.
+_MASK_INDEX_PUT = (
+    "aten/src/ATen/native/IndexingUtils.h: expandTensors turns a bool or uint8 index into "
+    "positions with nonzero(), which reads its count on the host, unless _index_put_impl_ "
+    "(TensorAdvancedIndexing.cpp) dispatches to masked_fill_ (canDispatchToMaskedFill)"
+)
+_UNIQUE = (
+    "aten/src/ATen/native/cuda/Unique.cu: the number of unique elements is copied to the host "
+    "to size the output"
+)
+_UNIQUE_RUNS = (
+    "aten/src/ATen/native/cuda/Unique.cu: the number of runs is copied to the host to size the "
+    "output"
+)
 
 # By the op's schema name, as a TorchDispatchMode sees it (OpOverload._schema.name).
 SYNC_OPS: dict[str, SyncOp] = {
@@ -154,27 +168,21 @@ SYNC_OPS: dict[str, SyncOp] = {
     ),
     "aten::index_put_": SyncOp(
         "x[mask] = value, assigning through a boolean mask a value that is not one host number",
-        "aten/src/ATen/native/IndexingUtils.h: expandTensors turns a bool or uint8 index into "
-        "positions with nonzero(), which reads its count on the host, unless _index_put_impl_ "
-        "(TensorAdvancedIndexing.cpp) dispatches to masked_fill_ (canDispatchToMaskedFill)",
+        _MASK_INDEX_PUT,
         _mask_index_put,
     ),
     "aten::index_put": SyncOp(
         "x.index_put(indices, value) with a boolean mask and a value that is not one host number",
-        "aten/src/ATen/native/IndexingUtils.h: expandTensors turns a bool or uint8 index into "
-        "positions with nonzero(), which reads its count on the host, unless _index_put_impl_ "
-        "(TensorAdvancedIndexing.cpp) dispatches to masked_fill_ (canDispatchToMaskedFill)",
+        _MASK_INDEX_PUT,
         _mask_index_put,
     ),
     "aten::_unique2": SyncOp(
         "torch.unique() or x.unique()",
-        "aten/src/ATen/native/cuda/Unique.cu: the number of unique elements is copied to the "
-        "host to size the output",
+        _UNIQUE,
     ),
     "aten::_unique": SyncOp(
         "torch.unique() or x.unique()",
-        "aten/src/ATen/native/cuda/Unique.cu: the number of unique elements is copied to the "
-        "host to size the output",
+        _UNIQUE,
     ),
     "aten::unique_dim": SyncOp(
         "torch.unique(x, dim=...)",
@@ -183,13 +191,11 @@ SYNC_OPS: dict[str, SyncOp] = {
     ),
     "aten::unique_consecutive": SyncOp(
         "torch.unique_consecutive()",
-        "aten/src/ATen/native/cuda/Unique.cu: the number of runs is copied to the host to size "
-        "the output",
+        _UNIQUE_RUNS,
     ),
     "aten::unique_dim_consecutive": SyncOp(
         "torch.unique_consecutive(x, dim=...)",
-        "aten/src/ATen/native/cuda/Unique.cu: the number of runs is copied to the host to size "
-        "the output",
+        _UNIQUE_RUNS,
     ),
     "aten::repeat_interleave": SyncOp(
         "torch.repeat_interleave(x, repeats) with a tensor of repeats and no output_size",
