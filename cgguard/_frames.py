@@ -46,6 +46,22 @@ def snapshot(depth: int = 1) -> Snapshot:
     return snapshot_from(sys._getframe(depth + 1))
 
 
+def stack_above(depth: int) -> Snapshot:
+    """As ``snapshot(depth)``, but from the outermost frame where the stack is shallower than
+    ``depth``: a script's top level, or a thread torch started with no
+    Python frames of its own (autograd's device threads) that calls into a dispatch mode.
+
+    torch 2.13 wraps a mode's ``__torch_dispatch__`` in ``torch._disable_dynamo``
+    (``TorchDispatchMode.__init_subclass__``, torch/utils/_python_dispatch.py), whose two frames
+    sit above it even on such a thread; a release without that wrapper has none."""
+    frame = sys._getframe(0)  # this one: the caller may be a thread's first frame
+    for _ in range(depth + 1):
+        if frame.f_back is None:
+            break
+        frame = frame.f_back
+    return snapshot_from(frame)
+
+
 def snapshot_from(start: FrameType) -> Snapshot:
     """Record the stack from ``start`` outwards."""
     frame: FrameType | None = start

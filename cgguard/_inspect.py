@@ -41,8 +41,7 @@ from typing import TYPE_CHECKING, Any, cast
 from cgguard import _liveness, _state
 from cgguard._checks import BEGAN_AT, MODE, THREAD
 from cgguard._errors import hidden_by_pytest
-from cgguard._frames import innermost_visible, render, resolve, where
-from cgguard._liveness import stack_above
+from cgguard._frames import innermost_visible, render, resolve, stack_above, where
 from cgguard._sync_ops import SYNC_OPS, every_tensor, syncs
 from cgguard._warn import warn_once
 from cgguard._watch import ENDED, FAILED, GRAPH_NOTES, Watcher

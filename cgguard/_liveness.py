@@ -12,11 +12,10 @@ at a graph's first replay only, in one walk.
 from __future__ import annotations
 
 import contextlib
-import sys
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from cgguard._frames import snapshot_from
+from cgguard._frames import stack_above
 
 if TYPE_CHECKING:
     from cgguard._checks import Record
@@ -97,22 +96,6 @@ class Inputs:
     def forget(self, item: Input) -> None:
         """Stop counting ``item`` (it proved to be the graph's own memory)."""
         self.seen[item.address] = None
-
-
-def stack_above(depth: int) -> Snapshot:
-    """The calling stack from ``depth`` frames above the caller, or from its outermost frame
-    where the stack is shallower: a script's top level, or a thread torch started with no
-    Python frames of its own (autograd's device threads) that calls into a dispatch mode.
-
-    torch 2.13 wraps a mode's ``__torch_dispatch__`` in ``torch._disable_dynamo``
-    (``TorchDispatchMode.__init_subclass__``, torch/utils/_python_dispatch.py), whose two frames
-    sit above it even on such a thread; a release without that wrapper has none."""
-    frame = sys._getframe(0)  # this one: the caller may be a thread's first frame
-    for _ in range(depth + 1):
-        if frame.f_back is None:
-            break
-        frame = frame.f_back
-    return snapshot_from(frame)
 
 
 def describe(tensor: Any) -> str:
