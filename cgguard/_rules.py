@@ -70,24 +70,20 @@ class Cause:
 
     def explained(self, why: str) -> "Cause":
         """This cause with ``why`` in place of its own."""
+        return self._with(self.where, why)
+
+    def completed(self, where: str) -> "Cause":
+        """This cause with ``{where}`` filled in."""
+        return self._with(self.where.format(where=where), self.why)
+
+    def _with(self, where: str, why: str) -> "Cause":
         return Cause(
-            self.where,
+            where,
             self.thread_id,
             self.mode,
             query=self.query,
             elsewhere=self.elsewhere,
             why=why,
-        )
-
-    def completed(self, where: str) -> "Cause":
-        """This cause with ``{where}`` filled in."""
-        return Cause(
-            self.where.format(where=where),
-            self.thread_id,
-            self.mode,
-            query=self.query,
-            elsewhere=self.elsewhere,
-            why=self.why,
         )
 
 

@@ -81,23 +81,15 @@ def run_parser() -> argparse.ArgumentParser:
                 default=None,
                 help=f"turns {setting.variable} on or off ({default} by default)",
             )
-        elif setting.choices is EXEMPT:
+        elif (listed := _listed(setting.choices)) is not None:
             parser.add_argument(
                 setting.option,
                 dest=setting.field,
                 action="append",
-                type=_exemptions,
-                metavar="RULE=PLACE",
-                help=f"exemptions, {accepted(EXEMPT)}; repeatable; sets {setting.variable}",
-            )
-        elif setting.choices is WINDOWS:
-            parser.add_argument(
-                setting.option,
-                dest=setting.field,
-                action="append",
-                type=_windows,
-                metavar="MODULE:QUALNAME",
-                help=f"capture windows, {accepted(WINDOWS)}; repeatable; sets {setting.variable}",
+                type=listed.check,
+                metavar=listed.metavar,
+                help=f"{listed.what}, {accepted(setting.choices)}; repeatable; "
+                f"sets {setting.variable}",
             )
         else:
             if setting.choices is PATH:
@@ -164,6 +156,24 @@ def _windows(text: str) -> str:
     if not entries:
         raise argparse.ArgumentTypeError(f"{shown(text)}: no window; an entry is {WINDOW_SYNTAX}")
     return WINDOW_SEPARATOR.join(entries)
+
+
+class _Listed(NamedTuple):
+    """A repeatable option, each entry checked, that the variable holds as one list."""
+
+    check: Callable[[str], str]
+    metavar: str
+    what: str  # its help's first words
+    separator: str  # between entries in the variable
+
+
+def _listed(choices: tuple[str, ...]) -> _Listed | None:
+    """How the option of a setting with these choices takes entries, or None: not a list."""
+    if choices is EXEMPT:
+        return _Listed(_exemptions, "RULE=PLACE", "exemptions", _exempt_syntax.SEPARATOR)
+    if choices is WINDOWS:
+        return _Listed(_windows, "MODULE:QUALNAME", "capture windows", WINDOW_SEPARATOR)
+    return None
 
 
 def _unmet(options: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
@@ -357,12 +367,9 @@ def program_environ(options: argparse.Namespace, environ: Mapping[str, str]) -> 
         if setting.choices is BOOL:
             if value is not None:
                 env[setting.variable] = "1" if value else "0"
-        elif setting.choices is EXEMPT:
+        elif (listed := _listed(setting.choices)) is not None:
             if value:  # repeated: one entry list, as the variable holds it
-                env[setting.variable] = _exempt_syntax.SEPARATOR.join(value)
-        elif setting.choices is WINDOWS:
-            if value:
-                env[setting.variable] = WINDOW_SEPARATOR.join(value)
+                env[setting.variable] = listed.separator.join(value)
         elif setting.choices is PATH and value is not None:
             # Where the command line was typed: a program that changes directory first (a
             # launch script, a Ray worker in its session folder) reads the same file.

@@ -23,9 +23,8 @@ TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
 BOOL = TRUE + FALSE  # the accepted spellings of a boolean, in any case
 PATH = ()  # free text: a path
-EXEMPT = (
-    "RULE=PLACE",
-)  # exemptions: RULE=PLACE entries, separated by ";" (cgguard._exempt_syntax)
+# exemptions: RULE=PLACE entries, separated by ";" (cgguard._exempt_syntax)
+EXEMPT = ("RULE=PLACE",)
 WINDOWS = ("module:qualname",)  # capture windows: entries separated by "," (cgguard._windows)
 WINDOW_SEPARATOR = ","
 COUNT = ("N",)  # a whole number, 1 or more

@@ -189,8 +189,7 @@ class Reporter:
             action = self.config.action(rule)
             if (
                 action == "raise"
-                and type(cause) is Disabler
-                and cause.profile is not None
+                and _profile_of(cause) is not None
                 and self.config.profiles != "raise"
             ):
                 # A built-in profile's first release: it reports what it would refuse, so
@@ -222,12 +221,8 @@ class Reporter:
         matched against the violations its own windows caused, and counted as any other."""
         kept: Acting = []
         for item in acting:
-            cause = item[1]
-            exemptions = (
-                self.profiles.get(cause.profile)
-                if type(cause) is Disabler and cause.profile is not None
-                else None
-            )
+            profile = _profile_of(item[1])
+            exemptions = self.profiles.get(profile) if profile is not None else None
             if exemptions is None:
                 kept.append(item)
                 continue
@@ -323,6 +318,11 @@ class Reporter:
                 listener(event)
             except Exception as exc:
                 warn_once("listener", f"a violation listener failed: {exc!r}")
+
+
+def _profile_of(cause: Record | Disabler | None) -> str | None:
+    """The built-in profile whose windows alone refused the capture, or None."""
+    return cause.profile if type(cause) is Disabler else None
 
 
 def _event(
