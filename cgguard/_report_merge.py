@@ -679,8 +679,8 @@ def render_json(merged: Merged) -> Iterator[str]:
         f'"written": {dumps({"first": first, "last": last})}, '
         f'"totals": {dumps(merged.totals)},\n"violations": ['
     )
-    for i, site in enumerate(merged.violations):
-        entry = {
+    yield from _json_items(
+        {
             "rule": site.rule,
             "api": site.api,
             "site": site.top,
@@ -688,29 +688,35 @@ def render_json(merged: Merged) -> Iterator[str]:
             "processes": site.processes(),
             "first": site.first,
         }
-        yield ("\n" if i == 0 else ",\n") + dumps(entry)
+        for site in merged.violations
+    )
     yield f'],\n"exempted_totals": {dumps(merged.exempted_totals)},\n"exempted": ['
-    for i, site in enumerate(merged.exempted):
-        entry = {
+    yield from _json_items(
+        {
             "rule": site.rule,
             "exemption": site.exemption,
             "site": site.top,
             "count": site.count,
             "processes": site.processes(),
         }
-        yield ("\n" if i == 0 else ",\n") + dumps(entry)
+        for site in merged.exempted
+    )
     yield '],\n"captures": ['
-    for i, captured in enumerate(merged.census.captures()):
-        yield ("\n" if i == 0 else ",\n") + dumps(captured)
+    yield from _json_items(merged.census.captures())
     yield '],\n"cudagraph_skips": ['
-    for i, skip in enumerate(merged.census.cudagraph_skips()):
-        yield ("\n" if i == 0 else ",\n") + dumps(skip)
+    yield from _json_items(merged.census.cudagraph_skips())
     yield f'],\n"slowest_capturing": {dumps(merged.census.slowest_json())},\n"processes": ['
-    for i, process in enumerate(merged.processes):
-        yield ("\n" if i == 0 else ",\n") + dumps(process)
+    yield from _json_items(merged.processes)
     yield (
         f'],\n"skipped": {dumps(merged.skipped)},\n"same_process": {dumps(merged.same_process)}}}\n'
     )
+
+
+def _json_items(values: Iterable[object]) -> Iterator[str]:
+    """The items of a JSON array, one to a line, each encoded as it comes."""
+    dumps = json.dumps
+    for i, value in enumerate(values):
+        yield ("\n" if i == 0 else ",\n") + dumps(value)
 
 
 def _cell(value: object) -> str:
