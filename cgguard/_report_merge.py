@@ -18,7 +18,7 @@ import stat
 import sys
 from typing import TYPE_CHECKING, Any, TextIO, TypedDict
 
-from cgguard._census_merge import CensusMerge, site_text, skip_text, slowest_text
+from cgguard._census_merge import CensusMerge, counted, site_text, skip_text, slowest_text
 from cgguard._frames import format_frames, where
 from cgguard._log import format_stacks
 from cgguard._rules import NAMES
@@ -541,14 +541,10 @@ def _hits(site: Site) -> str:
     return ", ".join(f"{_who(process)} ({count})" for process, count in site.hits)
 
 
-def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun if count == 1 else noun + ('es' if noun.endswith('s') else 's')}"
-
-
 def _headline(merged: Merged) -> str:
     count = sum(merged.totals.values())
     found = (
-        f"{_plural(count, 'violation')} at {_plural(len(merged.violations), 'site')}"
+        f"{counted(count, 'violation')} at {counted(len(merged.violations), 'site')}"
         if count
         else "no violation"
     )
@@ -556,8 +552,8 @@ def _headline(merged: Merged) -> str:
     if exempted:
         found += f"; {exempted} exempted"
     return (
-        f"{_plural(len(merged.processes), 'process')} on "
-        f"{_plural(len(merged.hosts), 'host')}: {found}"
+        f"{counted(len(merged.processes), 'process', 'processes')} on "
+        f"{counted(len(merged.hosts), 'host')}: {found}"
     )
 
 
@@ -640,7 +636,7 @@ def render_text(merged: Merged) -> Iterator[str]:
         lines = [
             "",
             f"{shown(site.rule)} at {_site_line(site.top)}: {site.count} in "
-            f"{_plural(len(site.hits), 'process')}",
+            f"{counted(len(site.hits), 'process', 'processes')}",
         ]
         lines += [f"  {_who(process)}: {count}" for process, count in site.hits]
         lines.append(f"  {shown(site.first.get('message', ''))}")
