@@ -20,7 +20,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
 
 from cgguard._checks import API, BEGAN_AT, MODE, THREAD
-from cgguard._frames import innermost_visible, render, walk
+from cgguard._frames import frame_at, innermost_visible, walk
 from cgguard._watch import ABANDONED, ENDED, FAILED, OUTCOMES, Watcher
 
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ class CaptureSite:
     def frame(self) -> FrameInfo | None:
         """The site's user frame, rendered once."""
         if not self._top:
-            self._top.append(_frame(self.code, self.lasti))
+            self._top.append(frame_at(self.code, self.lasti))
         return self._top[0]
 
 
@@ -345,7 +345,7 @@ class Census:
         out: list[SkipEntry] = []
         for skip, count in skips:
             if not skip.top:
-                skip.top.append(_frame(skip.code, skip.lasti))
+                skip.top.append(frame_at(skip.code, skip.lasti))
             top = skip.top[0]
             out.append(
                 {
@@ -358,13 +358,6 @@ class Census:
                 }
             )
         return out
-
-
-def _frame(code: CodeType | None, lasti: int) -> FrameInfo | None:
-    if code is None:
-        return None
-    frames = render((code, lasti))
-    return frames[-1] if frames else None
 
 
 def _built(site: CaptureSite, fresh: bool) -> bool:

@@ -143,8 +143,9 @@ def _skipped(frame: FrameType, count: int) -> None:
 
         metrics = active() if installation.reporter.config.metrics is not None else None
         if metrics is not None:
+            reason = skip_reason(message)
             for _ in range(count):
-                metrics.skipped(skip_reason(message))
+                metrics.skipped(reason)
         report = installation.reporter.report
         if report is not None:
             report.changed(new_site=False)

@@ -278,6 +278,14 @@ def render(stack: Snapshot) -> list[FrameInfo]:
     return frames
 
 
+def frame_at(code: CodeType | None, lasti: int) -> FrameInfo | None:
+    """The user's frame at instruction ``lasti`` of ``code``, rendered; None if hidden."""
+    if code is None:
+        return None
+    frames = render((code, lasti))
+    return frames[-1] if frames else None
+
+
 def _below_runner(
     pairs: list[tuple[CodeType | None, int]],
 ) -> list[tuple[CodeType | None, int]]:

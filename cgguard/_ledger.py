@@ -11,7 +11,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from cgguard._census import Census
-from cgguard._frames import render
+from cgguard._frames import frame_at
 
 if TYPE_CHECKING:
     from types import CodeType
@@ -52,10 +52,7 @@ class Site:
 
     def frame(self) -> FrameInfo | None:
         """The site's user frame, rendered."""
-        if self.code is None:
-            return None
-        frames = render((self.code, self.lasti))
-        return frames[-1] if frames else None
+        return frame_at(self.code, self.lasti)
 
 
 class Sites:

@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from cgguard._census_merge import place_text, site_text
+from cgguard._census_merge import site_text, skip_text
 from cgguard._frames import format_frames
 from cgguard._rules import RULES
 from cgguard._settings import shown
@@ -165,10 +165,7 @@ def _census_as_text(_: object, __: str, event_dict: MutableMapping[str, Any]) ->
     skips = event_dict.pop("cudagraph_skips", None) or []
     if skips:
         lines.append("torch.compile's skipped cudagraphs:")
-        lines += [
-            f"  {safe(str(skip['reason']))}: {skip['count']} at {place_text(skip)}"
-            for skip in skips
-        ]
+        lines += [f"  {skip_text(skip)}" for skip in skips]
     event_dict["stack"] = "\n".join(lines)
     return event_dict
 

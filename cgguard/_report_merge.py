@@ -18,7 +18,7 @@ import stat
 import sys
 from typing import TYPE_CHECKING, Any, TextIO, TypedDict
 
-from cgguard._census_merge import CensusMerge, site_text, skip_text, slowest_text
+from cgguard._census_merge import CensusMerge, counted, site_text, skip_text, slowest_text
 from cgguard._frames import format_frames, where
 from cgguard._log import format_stacks
 from cgguard._rules import NAMES
@@ -541,14 +541,10 @@ def _hits(site: Site) -> str:
     return ", ".join(f"{_who(process)} ({count})" for process, count in site.hits)
 
 
-def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun if count == 1 else noun + ('es' if noun.endswith('s') else 's')}"
-
-
 def _headline(merged: Merged) -> str:
     count = sum(merged.totals.values())
     found = (
-        f"{_plural(count, 'violation')} at {_plural(len(merged.violations), 'site')}"
+        f"{counted(count, 'violation')} at {counted(len(merged.violations), 'site')}"
         if count
         else "no violation"
     )
@@ -556,8 +552,8 @@ def _headline(merged: Merged) -> str:
     if exempted:
         found += f"; {exempted} exempted"
     return (
-        f"{_plural(len(merged.processes), 'process')} on "
-        f"{_plural(len(merged.hosts), 'host')}: {found}"
+        f"{counted(len(merged.processes), 'process', 'processes')} on "
+        f"{counted(len(merged.hosts), 'host')}: {found}"
     )
 
 
@@ -640,7 +636,7 @@ def render_text(merged: Merged) -> Iterator[str]:
         lines = [
             "",
             f"{shown(site.rule)} at {_site_line(site.top)}: {site.count} in "
-            f"{_plural(len(site.hits), 'process')}",
+            f"{counted(len(site.hits), 'process', 'processes')}",
         ]
         lines += [f"  {_who(process)}: {count}" for process, count in site.hits]
         lines.append(f"  {shown(site.first.get('message', ''))}")
@@ -679,8 +675,8 @@ def render_json(merged: Merged) -> Iterator[str]:
         f'"written": {dumps({"first": first, "last": last})}, '
         f'"totals": {dumps(merged.totals)},\n"violations": ['
     )
-    for i, site in enumerate(merged.violations):
-        entry = {
+    yield from _json_items(
+        {
             "rule": site.rule,
             "api": site.api,
             "site": site.top,
@@ -688,29 +684,35 @@ def render_json(merged: Merged) -> Iterator[str]:
             "processes": site.processes(),
             "first": site.first,
         }
-        yield ("\n" if i == 0 else ",\n") + dumps(entry)
+        for site in merged.violations
+    )
     yield f'],\n"exempted_totals": {dumps(merged.exempted_totals)},\n"exempted": ['
-    for i, site in enumerate(merged.exempted):
-        entry = {
+    yield from _json_items(
+        {
             "rule": site.rule,
             "exemption": site.exemption,
             "site": site.top,
             "count": site.count,
             "processes": site.processes(),
         }
-        yield ("\n" if i == 0 else ",\n") + dumps(entry)
+        for site in merged.exempted
+    )
     yield '],\n"captures": ['
-    for i, captured in enumerate(merged.census.captures()):
-        yield ("\n" if i == 0 else ",\n") + dumps(captured)
+    yield from _json_items(merged.census.captures())
     yield '],\n"cudagraph_skips": ['
-    for i, skip in enumerate(merged.census.cudagraph_skips()):
-        yield ("\n" if i == 0 else ",\n") + dumps(skip)
+    yield from _json_items(merged.census.cudagraph_skips())
     yield f'],\n"slowest_capturing": {dumps(merged.census.slowest_json())},\n"processes": ['
-    for i, process in enumerate(merged.processes):
-        yield ("\n" if i == 0 else ",\n") + dumps(process)
+    yield from _json_items(merged.processes)
     yield (
         f'],\n"skipped": {dumps(merged.skipped)},\n"same_process": {dumps(merged.same_process)}}}\n'
     )
+
+
+def _json_items(values: Iterable[object]) -> Iterator[str]:
+    """The items of a JSON array, one to a line, each encoded as it comes."""
+    dumps = json.dumps
+    for i, value in enumerate(values):
+        yield ("\n" if i == 0 else ",\n") + dumps(value)
 
 
 def _cell(value: object) -> str:
