@@ -21,6 +21,7 @@ import functools
 import sys
 import weakref
 from threading import get_ident
+from time import perf_counter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cgguard._checks import (
@@ -40,7 +41,7 @@ from cgguard._frames import snapshot, with_stack
 from cgguard._threads import this_thread
 from cgguard._violations import QUERIES
 from cgguard._warn import warn_once
-from cgguard._watch import ABANDONED, ENDED, FAILED, forget_graph
+from cgguard._watch import ABANDONED, ENDED, FAILED, forget_graph, graphs_noted
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -145,6 +146,9 @@ class Tracker:
         self.watchers: tuple[Watcher, ...] = ()
         self.replay_watchers: tuple[Watcher, ...] = ()
         self.tokens: dict[int, Tokens] = {}
+        # Whether graphs may hold a watcher's notes (cgguard._watch.graphs_noted): until then,
+        # capture_begin has none to drop.
+        self.forgets = graphs_noted()
 
     def after_fork(self) -> None:
         """A forked child's fresh start: the parent's captures belong to threads it lacks."""
@@ -220,27 +224,50 @@ class Tracker:
                 self._recheck_concurrent(record, seen)
         active = self.active
         previous = active.get(graph)  # a capture into this graph already under way, if any
-        forget_graph(instance)  # what a watcher kept for this graph's earlier capture
-        tokens = self._opening(instance, record, args, kwargs) if self.watchers else None
+        if self.forgets:
+            forget_graph(instance)  # what a watcher kept for this graph's earlier capture
+        tokens: Tokens | None = None
+        watchers = self.watchers
+        if watchers:
+            # Inline, not a method: this runs at every capture the census counts.
+            tokens = []
+            for watcher in watchers:
+                try:
+                    tokens.append((watcher, watcher.opening(instance, record, args, kwargs)))
+                except Exception as exc:
+                    warn_once("watch:open", f"internal error while watching a capture: {exc!r}")
         try:
             # Recorded first: an interrupt right after torch began the capture must not leave
             # it unknown, and a later nested capture unrefused.
             active[graph] = record
             result = wrapped(*args, **kwargs)
         except BaseException as exc:
-            if active.get(graph) is record and not self._began_here(record, previous):
-                if previous is None:
-                    active.pop(graph, None)
-                else:
-                    active[graph] = previous
-                if tokens:
-                    _close(tokens, FAILED, exc)
-            elif tokens:
-                self.tokens[graph] = tokens  # it began: torch raised only afterwards
+            self._begin_failed(graph, record, previous, tokens, exc)
             raise
         if tokens:
             self.tokens[graph] = tokens
         return result
+
+    def _begin_failed(
+        self,
+        graph: int,
+        record: Record,
+        previous: Record | None,
+        tokens: Tokens | None,
+        exc: BaseException,
+    ) -> None:
+        """torch's capture_begin raised ``exc``: forget ``record`` unless the capture began
+        all the same, putting back the capture into the same graph it replaced, if any."""
+        active = self.active
+        if active.get(graph) is record and not self._began_here(record, previous):
+            if previous is None:
+                active.pop(graph, None)
+            else:
+                active[graph] = previous
+            if tokens:
+                _close(tokens, FAILED, exc)
+        elif tokens:
+            self.tokens[graph] = tokens  # it began: torch raised only afterwards
 
     def make_capture_end(self, original: Any) -> Any:
         """CUDAGraph.capture_end, forgetting the capture once CUDA has ended it.
@@ -267,7 +294,21 @@ class Tracker:
             if tracker.events_of:  # no event was recorded into any capture: nothing to forget
                 tracker._forget_events(id(self), ended)
             if tracker.tokens:  # nothing watched: nothing to tell
-                tracker._closed(id(self), ENDED, None)
+                tokens = tracker.tokens.pop(id(self), None)
+                if tokens:
+                    # _close, inline, with stamped tokens stamped (cgguard._watch.Watcher):
+                    # this runs at the end of every capture the census counts.
+                    for watcher, token in tokens:
+                        if type(token) is list:
+                            token[-1] = perf_counter()
+                            continue
+                        try:
+                            watcher.closed(token, ENDED, None)
+                        except Exception as exc:
+                            warn_once(
+                                "watch:closed",
+                                f"internal error while watching a capture: {exc!r}",
+                            )
             return result
 
         return capture_end
@@ -483,18 +524,6 @@ class Tracker:
             return original(self, *args, **kwargs)
 
         return replay
-
-    def _opening(
-        self, graph: Any, record: Record, args: tuple[Any, ...], kwargs: Any
-    ) -> Tokens | None:
-        """Tell each watcher a capture is about to begin; their tokens for it."""
-        tokens: Tokens = []
-        for watcher in self.watchers:
-            try:
-                tokens.append((watcher, watcher.opening(graph, record, args, kwargs)))
-            except Exception as exc:
-                warn_once("watch:open", f"internal error while watching a capture: {exc!r}")
-        return tokens
 
     def _closed(self, key: int, outcome: str, error: BaseException | None) -> None:
         """Tell the watchers of the capture at ``key`` that it is over, once."""

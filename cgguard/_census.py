@@ -4,17 +4,20 @@ skipped cudagraphs counted by reason and site.
 A ``Census`` keeps one aggregate per site (the user's frame, as violations are sited), not one
 record per capture, so a process with a hundred thousand captures at one place keeps one entry.
 It belongs to the run (cgguard._ledger.Run): kept across reconfiguration, and started afresh in
-a forked child. ``CensusWatcher`` is what the capture path tells (cgguard._watch): it reads the
-clock and, on a device, the allocator's statistics once at each end of a capture, and does the
-rest of its work after the capture has ended.
+a forked child. ``CensusWatcher`` is what the capture path tells (cgguard._watch). A plain
+capture (unmeasured, its replays not counted) costs the capture path one list appended to its
+site's ``pending`` list at its begin, and the clock stamped into it at its end; the counting is
+done a batch at a time, in C where it can be, by whoever reads the census. A capture on a
+device also reads the allocator's statistics once at each end, and is counted as it ends.
 """
 
 from __future__ import annotations
 
-import collections
 import re
 import threading
 import weakref
+from collections import Counter
+from operator import itemgetter, sub
 from time import perf_counter
 from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
@@ -37,20 +40,15 @@ if TYPE_CHECKING:
 
 # A capture as the census counts it: (api, mode, thread name, pool, device or None).
 Kind = tuple[str, str, str, str, "str | None"]
-# A capture ended and not yet folded: (where, kind, outcome, error type, seconds, growth,
-# graph); one begun is (where,) in the same queue, before its end.
-Ended = (
-    tuple[
-        "tuple[CodeType | None, int]",
-        Kind,
-        str,
-        "str | None",
-        float,
-        "tuple[int, int, int] | None",
-        Any,
-    ]
-    | tuple["tuple[CodeType | None, int]"]
-)
+# A capture as the capture path notes it at its begin, in its site's pending list:
+# [site, kind, began, ended]. A list, so that the capture path stamps its end in place
+# (cgguard._watch.Watcher), without a lock or a call. ``ended`` stays NOT_ENDED until then:
+# a float, which the fold finds among floats faster than None; perf_counter() never reads 0.
+Entry = list[Any]
+_KIND = itemgetter(1)
+_BEGAN = itemgetter(2)
+_ENDED = itemgetter(3)
+NOT_ENDED = 0.0
 
 REFUSED = OUTCOMES[2]
 
@@ -64,12 +62,6 @@ SKIPS_MAX = 1024
 EXAMPLE_MAX = 2000
 # The words torch puts before every reason it gives.
 SKIP_PREFIX = "skipping cudagraphs due to "
-
-
-def pool_name(pool: object) -> str:
-    """A capture's memory pool as the census names it: "private" (the graph's own) or the
-    shared pool's handle, as ``graph_pool_handle()`` or another graph's ``pool()`` gave it."""
-    return "private" if pool is None else f"shared {pool!r}"
 
 
 class CaptureSite:
@@ -88,8 +80,11 @@ class CaptureSite:
         "graphs_tracked",
         "kinds",
         "lasti",
+        "limit",
         "max_seconds",
+        "open",
         "outcomes",
+        "pending",
         "replays",
         "seconds",
         "version",
@@ -113,6 +108,15 @@ class CaptureSite:
         self.errors: dict[str, int] = {}  # failed captures by the error's type
         # (api, mode, thread name, pool, device) -> captures.
         self.kinds: dict[Kind, int] = {}
+        # The captures begun here and not yet counted, as Entry lists (see CensusWatcher):
+        # list.append is atomic, so the capture path takes no lock, and Census.fold counts
+        # those that have ended a batch at a time. Those still under way, as the last fold
+        # found them: in the count, in no outcome.
+        self.pending: list[Entry] = []
+        self.open = 0
+        # How long the pending list may grow before a capture folds it: more than PENDING_MAX
+        # only while that many captures are under way here at once.
+        self.limit = PENDING_MAX
         self.replays = 0
         # Graphs captured here while replays were counted, and those of them replayed at least
         # once: a graph captured before replays were counted is in neither.
@@ -141,10 +145,12 @@ class _Skip:
 class Census:
     """Captures and torch.compile's skipped cudagraphs, per site. Thread-safe.
 
-    The capture path only appends each ended capture to a bounded queue (``ended``); it is
-    folded into the sites' aggregates by whoever reads them (the report's writer, the summary,
-    census()), or by the capture that finds the queue full. ``replays`` says whether replays
-    are counted (the census speaks of them only then).
+    The capture path appends each capture's entry to its site's ``pending`` list at its begin,
+    and writes a plain capture's end into it, without a lock; what has ended is counted into
+    the site's aggregate by whoever reads the census (the report's writer, the summary,
+    census()), or by the capture that finds the list full. Anything but a plain end is counted
+    at once, under the lock. ``replays`` says whether replays are counted (the census speaks
+    of them only then).
     """
 
     def __init__(self) -> None:
@@ -154,14 +160,13 @@ class Census:
         # Everything made here and nowhere else: a forked child starts from a state no parent
         # thread can hold a lock of.
         self._lock = threading.Lock()
-        self._sites: dict[tuple[int, int], CaptureSite] = {}
+        # By (id() of the code, instruction), holding the code: read without the lock by the
+        # capture path, added to under it.
+        self.sites_at: dict[tuple[int, int], CaptureSite] = {}
         self._skips: dict[tuple[str, int, int], _Skip] = {}
         # The site of each graph captured while replays are counted, and whether it has been
         # replayed; weak, so an entry goes with its graph.
         self._graphs: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
-        # Captures ended and not yet folded, as Ended tuples: a deque, whose append and
-        # popleft are atomic, so no capture is lost to a fold running on another thread.
-        self.ended: collections.deque[Ended] = collections.deque()
         self.replays = False
 
     def after_fork(self) -> None:
@@ -170,117 +175,75 @@ class Census:
 
     def __len__(self) -> int:
         """How many capture sites have been seen."""
-        self.fold()
-        return len(self._sites)
+        return len(self.sites_at)
 
     def seen(self) -> bool:
         """Whether anything was counted: a capture or a skipped compiled graph."""
-        return bool(self.ended or self._sites or self._skips)
+        return bool(self.sites_at or self._skips)
 
-    def fold(self) -> None:
-        """Count the captures ended since the last fold into their sites.
-
-        One loop, with the look-up of each site and the counts of a plain ended capture inline:
-        it runs once per capture, and a method call per entry would double its cost.
-        """
-        ended = self.ended
-        if not ended:
-            return
-        with self._lock:
-            sites = self._sites
-            popleft = ended.popleft
-            while True:
-                try:
-                    item = popleft()
-                except IndexError:
-                    break
-                where = item[0]
-                key = (id(where[0]), where[1])
-                site = sites.get(key)
-                if site is None:
-                    site = sites[key] = CaptureSite(where[0], where[1])
-                site.version += 1
-                if len(item) == 1:
-                    # A capture is in its site's count from its begin: one still open when the
-                    # census is read is counted, in no outcome yet.
-                    site.count += 1
-                    continue
-                _, kind, outcome, error, seconds, grown, graph = item
-                kinds = site.kinds
-                # The common case: ended, unmeasured, of a kind seen here before.
-                if outcome == ENDED and grown is None and graph is None and kind in kinds:
-                    site.outcomes[ENDED] += 1
-                    site.seconds += seconds
-                    if seconds > site.max_seconds:  # noqa: PLR1730 - no call: once per capture
-                        site.max_seconds = seconds
-                    kinds[kind] += 1
-                else:
-                    self._tally(site, kind, outcome, error, seconds, grown, graph)
-
-    def capture(  # noqa: PLR0917 - the fold's own call: positional costs least
-        self,
-        where: tuple[CodeType | None, int],
-        kind: Kind,
-        outcome: str,
-        error: str | None,
-        seconds: float,
-        grown: tuple[int, int, int] | None = None,
-        graph: Any = None,
-    ) -> None:
-        """Count one capture at ``where`` (the user's code and instruction), as it ended.
-
-        ``kind``: (api, mode, thread name, pool, device); ``error``: a failed capture's error
-        type; ``grown``: (device, reserved growth, allocated growth), where measured;
-        ``graph``: the graph of an ended capture, while replays are counted.
-        """
-        with self._lock:
-            site = self._site(where)
-            site.count += 1  # a refused capture never began: counted here, not at its begin
-            self._tally(site, kind, outcome, error, seconds, grown, graph)
-
-    def _site(self, where: tuple[CodeType | None, int]) -> CaptureSite:
+    def site(self, where: tuple[CodeType | None, int]) -> CaptureSite:
+        """The site at ``where`` (the user's code and instruction), made on its first capture."""
         code, lasti = where
         key = (id(code), lasti)
-        site = self._sites.get(key)
+        site = self.sites_at.get(key)
         if site is None:
-            site = self._sites[key] = CaptureSite(code, lasti)
-        site.version += 1
+            with self._lock:
+                site = self.sites_at.get(key)
+                if site is None:
+                    site = self.sites_at[key] = CaptureSite(code, lasti)
         return site
 
-    def _tally(  # noqa: PLR0917 - run per capture in the fold's loop
+    def fold(self, site: CaptureSite | None = None) -> None:
+        """Count the captures ended since the last fold into their sites (or ``site``'s)."""
+        with self._lock:
+            if site is not None:
+                _drain(site)
+                return
+            for each in self.sites_at.values():
+                if each.pending or each.open:  # open: one may have ended and been counted
+                    _drain(each)
+
+    def capture(  # noqa: PLR0917 - once per capture: positional costs least
         self,
         site: CaptureSite,
         kind: Kind,
         outcome: str,
         error: str | None,
         seconds: float,
-        grown: tuple[int, int, int] | None,
-        graph: Any,
+        grown: tuple[int, int, int] | None = None,
+        graph: Any = None,
+        entry: Entry | None = None,
     ) -> None:
-        """Count one capture that has come to ``outcome`` into ``site``, whose count holds it."""
-        site.outcomes[outcome] += 1
-        if outcome not in (ABANDONED, REFUSED):
-            # An abandoned capture's time is only how long cgguard took to notice.
-            site.seconds += seconds
-            site.max_seconds = max(site.max_seconds, seconds)
-        if error is not None:
-            site.errors[error] = site.errors.get(error, 0) + 1
-        if grown is not None:
-            kind = (*kind[:4], f"cuda:{grown[0]}")
-            site.bytes_reserved = (site.bytes_reserved or 0) + grown[1]
-            site.bytes_allocated = (site.bytes_allocated or 0) + grown[2]
-        kinds = site.kinds
-        if kind not in kinds and len(kinds) >= KINDS_MAX:
-            kind = (OTHER, OTHER, OTHER, OTHER, None)
-        kinds[kind] = kinds.get(kind, 0) + 1
-        if graph is not None:
-            site.graphs_tracked += 1
-            self._graphs[graph] = [site, False]
+        """Count one capture at ``site`` that came to ``outcome``, at once.
+
+        ``kind``: (api, mode, thread name, pool, device); ``error``: a failed capture's error
+        type; ``grown``: (device, reserved growth, allocated growth), where measured;
+        ``graph``: the graph of an ended capture, while replays are counted; ``entry``: the
+        capture's entry in the site's pending list, where it began.
+        """
+        with self._lock:
+            if entry is not None:
+                _remove(site.pending, entry)
+            site.count += 1
+            site.version += 1
+            site.outcomes[outcome] += 1
+            if outcome not in (ABANDONED, REFUSED):
+                # An abandoned capture's time is only how long cgguard took to notice.
+                site.seconds += seconds
+                site.max_seconds = max(site.max_seconds, seconds)
+            if error is not None:
+                site.errors[error] = site.errors.get(error, 0) + 1
+            if grown is not None:
+                kind = (*kind[:4], f"cuda:{grown[0]}")
+                site.bytes_reserved = (site.bytes_reserved or 0) + grown[1]
+                site.bytes_allocated = (site.bytes_allocated or 0) + grown[2]
+            _add_kind(site, kind, 1)
+            if graph is not None:
+                site.graphs_tracked += 1
+                self._graphs[graph] = [site, False]
 
     def replayed(self, graph: Any) -> None:
         """Count one replay of ``graph``, if it was captured while replays were counted."""
-        if self.ended:
-            self.fold()  # its capture may not be folded yet
         with self._lock:
             entry = self._graphs.get(graph)
             if entry is None:
@@ -311,7 +274,7 @@ class Census:
     def sites(self) -> list[CaptureSite]:
         self.fold()
         with self._lock:
-            return list(self._sites.values())
+            return list(self.sites_at.values())
 
     def captures(self, *, fresh: bool = False) -> list[CaptureEntry]:
         """The report's ``captures``: one entry per site, in the order first seen.
@@ -325,7 +288,7 @@ class Census:
             # thousands of sites is rewritten while new ones come.
             sites = [
                 (site, site.version, None if _built(site, fresh) else _copy(site))
-                for site in self._sites.values()
+                for site in self.sites_at.values()
             ]
             replays = self.replays
         out = []
@@ -365,10 +328,74 @@ def _built(site: CaptureSite, fresh: bool) -> bool:
     return not fresh and site.entry is not None and site.built == site.version
 
 
+def _drain(site: CaptureSite) -> None:
+    """Count the entries of ``site``'s pending list that have ended into its aggregate, under
+    the census's lock; keep those still under way.
+
+    A batch at a time, its columns read, summed and counted in C: with the capture path's
+    append and one store, this is the census's whole cost per plain capture. Only the lock's
+    holder removes from the list, and the capture path only appends to its end, so the first
+    ``n`` are this batch whatever is added meanwhile.
+    """
+    pending = site.pending
+    n = len(pending)
+    batch = pending[:n]
+    del pending[:n]
+    ended = list(map(_ENDED, batch))
+    still = 0
+    if NOT_ENDED in ended:  # some still under way: back they go, to be counted as they end
+        # Split by the ends as read once: one stamped since is kept, and counted next time.
+        kept: list[Entry] = []
+        done: list[Entry] = []
+        for each, end in zip(batch, ended, strict=True):
+            (kept if end == NOT_ENDED else done).append(each)
+        pending.extend(kept)
+        still = len(kept)
+        batch = done
+        ended = [end for end in ended if end != NOT_ENDED]
+    if still != site.open:
+        site.open = still
+        site.version += 1
+    site.limit = max(PENDING_MAX, 2 * still)
+    if not batch:
+        return
+    seconds = list(map(sub, ended, map(_BEGAN, batch)))
+    n = len(batch)
+    site.count += n
+    site.version += 1
+    site.outcomes[ENDED] += n
+    site.seconds += sum(seconds)
+    site.max_seconds = max(site.max_seconds, *seconds)
+    kinds = list(map(_KIND, batch))
+    first = kinds[0]
+    if kinds.count(first) == n:  # one kind, as a rule: compared, not hashed, each
+        _add_kind(site, first, n)
+        return
+    for kind, count in Counter(kinds).items():
+        _add_kind(site, kind, count)
+
+
+def _remove(pending: list[Entry], entry: Entry) -> None:
+    """Take ``entry`` itself out of ``pending`` (two entries may be equal), if it is there."""
+    for i, each in enumerate(pending):
+        if each is entry:
+            del pending[i]
+            return
+
+
+def _add_kind(site: CaptureSite, kind: Kind, count: int) -> None:
+    """Count ``count`` captures of ``kind`` at ``site``: past KINDS_MAX kinds, as "other"."""
+    kinds = site.kinds
+    if kind not in kinds and len(kinds) >= KINDS_MAX:
+        kind = (OTHER, OTHER, OTHER, OTHER, None)
+    kinds[kind] = kinds.get(kind, 0) + count
+
+
 def _copy(site: CaptureSite) -> dict[str, Any]:
-    """A site's values at one moment, taken under the census's lock."""
+    """A site's values at one moment, taken under the census's lock: its count holds the
+    captures still under way there."""
     return {
-        "count": site.count,
+        "count": site.count + site.open,
         "seconds": site.seconds,
         "max_seconds": site.max_seconds,
         "bytes_reserved": site.bytes_reserved,
@@ -453,8 +480,10 @@ class CensusWatcher(Watcher):
 
     ``memory`` gives the memory probe of the capture path once torch is patched (None where
     there is nothing to ask); ``changed``, if any, is told after each capture (the report);
-    ``counted`` too (the metrics). Each capture costs two clock readings, a look-up of its
-    frame's code, three tuples and two appends: the census is folded where it is read.
+    ``counted`` too (the metrics). A plain capture (unmeasured, its replays not counted,
+    neither report nor metrics told, ended) costs a comparison with the last capture's site,
+    one list appended to its site's pending list and a clock reading at its begin, and the
+    capture path's stamp at its end; anything else is counted as it ends, under the lock.
     """
 
     def __init__(
@@ -471,69 +500,109 @@ class CensusWatcher(Watcher):
         census.replays = replays
         self._memory = memory
         self._probe: Any = _UNKNOWN  # the memory probe, asked for at the first capture
+        self._plain = False  # whether a capture needs no extra: known at the first capture
         self._changed = changed
         self._counted = counted
-        # Whether each code object seen is the user's (by id(), holding the code object).
-        self._visible: dict[int, tuple[CodeType, bool]] = {}
+        # The last site found, as (innermost code, instruction, site), where that code is the
+        # user's: a loop capturing at one line finds its site at once. One tuple, replaced
+        # whole, so that a thread never reads one capture's code with another's site.
+        self._last: tuple[Any, int, Any] = (None, -1, None)
 
     def opening(self, graph: Any, record: Record, args: tuple[Any, ...], kwargs: Any) -> Any:
-        stack = record[BEGAN_AT]
-        where: tuple[CodeType | None, int]
-        if len(stack) == 2 and type(stack[0]) is FrameType:
-            # A with statement's frame: the user's, as a rule. The frame itself is not kept:
-            # its locals may hold tensors.
-            code = stack[0].f_code
-            seen = self._visible.get(id(code))
-            if seen is None:
-                if len(self._visible) >= _CODES_MAX:
-                    self._visible.clear()
-                seen = self._visible[id(code)] = (code, _is_visible(code))
-            where = (code, stack[1]) if seen[1] else site_of(stack)
-        else:
-            where = innermost_visible(stack)
+        # Every line here is on the capture path of every capture: inline, no calls but
+        # where the capture is not a plain one or its site not the last capture's.
+        stack: Any = record[BEGAN_AT]
+        # The innermost code: a with statement's frame's, or a walked stack's first.
+        code = stack[0]
+        if type(code) is FrameType:
+            code = code.f_code
+        last = self._last
+        site = last[2] if code is last[0] and stack[1] == last[1] else self._site(stack, code)
+        pool = args[0] if args else kwargs.get("pool") if kwargs else None
+        entry = [
+            site,
+            # The capture's kind. Its pool is "private" (the graph's own), or the shared
+            # pool's handle as graph_pool_handle() or another graph's pool() gave it.
+            (
+                record[API],
+                record[MODE],
+                record[THREAD].name,
+                "private" if pool is None else f"shared {pool!r}",
+                None,
+            ),
+            0.0,
+            NOT_ENDED,
+        ]
+        pending = site.pending
+        if self._plain and len(pending) < site.limit:
+            pending.append(entry)  # in its site's count from now, even if it never ends
+            entry[2] = perf_counter()  # read last: the time is capture_begin's own
+            return entry  # stamped as it ends (cgguard._watch.Watcher)
+        return self._opening(entry, graph)
+
+    def _opening(self, entry: Entry, graph: Any) -> Any:
+        """opening(), for a capture that is more than a plain one, or that finds its site's
+        pending list full: a token closed() is told of, not a stamped one."""
         probe = self._probe
         if probe is _UNKNOWN:
             probe = self._probe = self._memory()
+            self._plain = (
+                probe is None
+                and not self.wants_replays
+                and self._changed is None
+                and self._counted is None
+            )
+        site = entry[0]
+        if len(site.pending) >= site.limit:
+            self.census.fold(site)  # before the clock: the fold is not the capture's time
         before = probe() if probe is not None else None
-        self.census.ended.append((where,))  # counted from its begin, even if never ended
-        # Read last: the time is capture_begin's own, and the statistics' read is not in it.
-        return (where, record, args, kwargs, graph, probe, before, perf_counter())
+        site.pending.append(entry)
+        entry[2] = perf_counter()
+        return (entry, before, graph if self.wants_replays else None)
+
+    def _site(self, stack: Any, code: CodeType) -> CaptureSite:
+        """The site of a capture whose innermost ``code`` and instruction are not the last
+        one's; remembered when that code is the user's (its own site). A frame is never kept:
+        its locals may hold tensors."""
+        where = site_of(stack)
+        site = self.census.site(where)
+        if where[0] is code:
+            self._last = (code, where[1], site)
+        return site
 
     def closed(self, token: Any, outcome: str, error: BaseException | None) -> None:
         end = perf_counter()
-        where, record, args, kwargs, graph, probe, before, began = token
+        entry, before, graph = (token, None, None) if type(token) is list else token
         grown = None
         if before is not None:
-            after = probe()
+            after = self._probe()
             # The same device at both ends: a capture does not switch devices.
             if after is not None and after[0] == before[0]:
                 grown = (after[0], after[1] - before[1], after[2] - before[2])
-        pool = args[0] if args else kwargs.get("pool") if kwargs else None
-        # pool_name(), inline: this runs at the end of every capture.
-        named = "private" if pool is None else f"shared {pool!r}"
-        kind = (record[API], record[MODE], record[THREAD].name, named, None)
-        census = self.census
-        census.ended.append(
-            (
-                where,
-                kind,
-                outcome,
-                type(error).__name__ if outcome == FAILED else None,
-                end - began,
-                grown,
-                graph if self.wants_replays and outcome == ENDED else None,
-            )
+        seconds = end - entry[2]
+        self.census.capture(
+            entry[0],
+            entry[1],
+            outcome,
+            type(error).__name__ if outcome == FAILED else None,
+            seconds,
+            grown,
+            graph if outcome == ENDED else None,
+            entry,
         )
-        if len(census.ended) >= ENDED_MAX:
-            census.fold()
         if self._changed is not None:
             self._changed()
         if self._counted is not None:
-            self._counted(outcome, end - began, grown[1] if grown is not None else None)
+            self._counted(outcome, seconds, grown[1] if grown is not None else None)
+
+    def after_fork(self) -> None:
+        # The census starts afresh in the child (Census.after_fork): no site of the parent's.
+        self._last = (None, -1, None)
 
     def refused(self, record: Record) -> None:
         kind = (record[API], record[MODE], record[THREAD].name, "", None)
-        self.census.capture(site_of(record[BEGAN_AT]), kind, REFUSED, None, 0.0)
+        census = self.census
+        census.capture(census.site(site_of(record[BEGAN_AT])), kind, REFUSED, None, 0.0)
         if self._changed is not None:
             self._changed()
         if self._counted is not None:
@@ -544,11 +613,6 @@ class CensusWatcher(Watcher):
 
 
 _UNKNOWN: Any = object()
-# The most captures waiting to be folded, and of code objects remembered: bounded, so that a
-# process whose census is never read, or whose code is made at run time, stays bounded.
-ENDED_MAX = 1024
-_CODES_MAX = 4096
-
-
-def _is_visible(code: CodeType) -> bool:
-    return innermost_visible((code, 0))[0] is not None
+# The most plain captures a site keeps waiting to be counted: bounded, so that a process whose
+# census is never read stays bounded.
+PENDING_MAX = 1024

@@ -346,6 +346,7 @@ class Inspector(Watcher):
     """The watcher of every capture while inspection is on (``Config(inspect=True)``)."""
 
     wants_replays = True
+    notes_graphs = True
 
     def __init__(self, installation: Installation, first: int | None = None) -> None:
         self.installation = installation

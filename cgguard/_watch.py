@@ -29,6 +29,19 @@ OUTCOMES: Final = (ENDED, FAILED, "refused", ABANDONED)  # "refused": see Watche
 GRAPH_NOTES: Final = "_cgguard_inputs"
 
 
+# Whether a watcher that keeps notes on graphs has watched in this process: until one has, no
+# graph holds any, and capture_begin skips forget_graph. Process-wide, not per installation: a
+# graph keeps its notes across a reinstall.
+_noted = False
+
+
+def graphs_noted(watchers: tuple[Watcher, ...] = ()) -> bool:
+    """Whether graphs may hold notes, now that ``watchers`` watch."""
+    global _noted
+    _noted = _noted or any(w.notes_graphs for w in watchers)
+    return _noted
+
+
 def forget_graph(graph: Any) -> None:
     """Drop what a watcher kept on ``graph`` for an earlier capture into it (one look-up)."""
     notes = getattr(graph, "__dict__", None)
@@ -42,11 +55,19 @@ class Watcher:
     ``opening`` runs on the capturing thread just before torch's capture_begin, and returns
     what the watcher keeps for that capture (its token); ``closed`` gets the token back once,
     whichever way the capture ends, on the thread that ended it.
+
+    A token that is a ``list`` is stamped instead: when its capture ends (ENDED), the capture
+    path writes ``time.perf_counter()``, read as torch's capture_end returns, into its last
+    item, and ``closed`` is not called; any other ending is told to ``closed`` as usual. It is
+    for a watcher that only needs to know when a capture ended, at the cost of one store.
     """
 
     # Whether the installation hooks CUDAGraph.replay for this watcher: off, replay is left as
     # torch has it, since it runs on every step of a serving loop.
     wants_replays: bool = False
+    # Whether this watcher keeps notes on graphs (GRAPH_NOTES): once one has, the capture path
+    # drops them at every capture_begin (forget_graph).
+    notes_graphs: bool = False
 
     def opening(self, graph: Any, record: Record, args: tuple[Any, ...], kwargs: Any) -> Any:
         """A capture into ``graph`` is about to begin, called with ``args`` and ``kwargs``."""

@@ -15,7 +15,10 @@ import torch
 
 import cgguard
 from cgguard import _census, _census_merge, _log, _state
-from cgguard._census import Census, skip_reason
+from cgguard._capture import NO_TORCH, Tracker
+from cgguard._census import Census, CensusWatcher, skip_reason
+from cgguard._ledger import Run
+from cgguard._violations import Reporter
 from cgguard.testing import simulated_cuda
 
 if TYPE_CHECKING:
@@ -28,7 +31,8 @@ REPLAY = "torch.cuda.graphs.CUDAGraph.replay"
 
 # Three captures at one site, two at another, the second of them refused. The census's clock
 # is replaced by one that moves STEP seconds at each reading, so that each capture that runs
-# takes exactly STEP seconds (one reading at its begin, one at its end).
+# takes exactly STEP seconds (one reading at its begin, one at its end): the census reads it at
+# the begin, and the capture path where it stamps the end (cgguard._watch.Watcher).
 PROGRAM = """\
 import json
 import sys
@@ -36,11 +40,11 @@ import sys
 import torch
 
 import cgguard
-from cgguard import _census
+from cgguard import _capture, _census
 
 STEP = float(sys.argv[1])
 ticks = iter(range(1_000_000))
-_census.perf_counter = lambda: next(ticks) * STEP
+_census.perf_counter = _capture.perf_counter = lambda: next(ticks) * STEP
 
 
 def three():
@@ -411,36 +415,139 @@ def test_a_forked_child_starts_with_an_empty_census(installed: None) -> None:
     assert counts() == [(1, outcomes(ended=1))]
 
 
+class _Graph:
+    """A graph as the capture path sees one: torch's capture_begin and capture_end, doing
+    nothing (the capture path's own cost and bookkeeping are what is measured)."""
+
+    def capture_begin(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def capture_end(self) -> None:
+        pass
+
+
+def path_without_torch(census: Census) -> tuple[Any, Any]:
+    """The real capture path (cgguard._capture.Tracker) over _Graph, with a census watcher:
+    its capture_begin hook and its capture_end."""
+    reporter = Reporter(cgguard.Config(mode="log"), Run(census), listeners=[])
+    tracker = Tracker(NO_TORCH, reporter, flag=_state.CaptureFlag(), follows=[])
+    tracker.watchers = (CensusWatcher(census, replays=False, memory=lambda: None),)
+    end = tracker.make_capture_end(_Graph.capture_end)
+
+    def begin(graph: _Graph, *args: Any, **kwargs: Any) -> None:
+        tracker.capture_begin(graph.capture_begin, graph, args, kwargs)
+
+    return begin, end
+
+
 def test_a_hundred_thousand_captures_at_one_site_are_one_aggregate() -> None:
-    """Bounded: one site's aggregate, whatever the number of captures there."""
+    """Bounded: one site's aggregate, whatever the number of captures there, and at most
+    PENDING_MAX of them waiting to be counted."""
     census = Census()
-    kind = ("torch.cuda.graph", "global", "MainThread", "private", None)
-    code = test_a_hundred_thousand_captures_at_one_site_are_one_aggregate.__code__
+    begin, end = path_without_torch(census)
+    graph = _Graph()
+    longest = 0
     for _ in range(100_000):
-        census.ended.append(((code, 10),))  # its begin, then its end, as the watcher queues them
-        census.ended.append(((code, 10), kind, "ended", None, 0.001, None, None))
-        if len(census.ended) >= _census.ENDED_MAX:
-            census.fold()
-    assert len(census.ended) < _census.ENDED_MAX  # what waits to be folded is bounded too
+        begin(graph)
+        end(graph)
+        longest = max(longest, *(len(s.pending) for s in census.sites_at.values()))
     (site,) = census.sites()
-    assert (len(census), site.count, site.outcomes["ended"], len(site.kinds)) == (
+    assert (len(census), site.count, site.outcomes["ended"], len(site.kinds), longest) == (
         1,
         100_000,
         100_000,
         1,
+        _census.PENDING_MAX,
     )
+
+
+def test_captures_on_threads_read_meanwhile_are_each_counted_once() -> None:
+    """Four threads capture at one site while a fifth reads the census over and over: the
+    lock-free appends and stamps lose no capture and count none twice."""
+    census = Census()
+    begin, end = path_without_torch(census)
+    each, stop = 3000, threading.Event()
+
+    def capture() -> None:
+        graph = _Graph()
+        for _ in range(each):
+            begin(graph, capture_error_mode="thread_local")
+            end(graph)
+
+    def read() -> None:
+        while not stop.is_set():
+            census.captures()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    workers = [threading.Thread(target=capture, name=f"w{i}") for i in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    stop.set()
+    reader.join()
+    (entry,) = census.captures()
+    assert (entry["count"], entry["outcomes"]["ended"], entry["threads"]) == (
+        4 * each,
+        4 * each,
+        {f"w{i}": each for i in range(4)},
+    )
+
+
+def test_captures_begun_and_never_ended_keep_the_pending_list_bounded_by_them() -> None:
+    """A site with more captures under way than PENDING_MAX keeps each (in its count, in no
+    outcome), and folds only when its list has doubled since: not at every capture."""
+    census = Census()
+    begin, end = path_without_torch(census)
+    folds = 0
+    fold = census.fold
+
+    def counting(site: Any = None) -> None:
+        nonlocal folds
+        folds += 1
+        fold(site)
+
+    census.fold = counting  # type: ignore[method-assign]
+    graphs = [_Graph() for _ in range(3 * _census.PENDING_MAX)]
+    for graph in graphs:
+        begin(graph)  # one capture each, none ended
+    (entry,) = census.captures()
+    assert (entry["count"], sum(entry["outcomes"].values()), folds) == (len(graphs), 0, 3)
+    for graph in graphs:
+        end(graph)
+    (entry,) = census.captures()
+    assert (entry["count"], entry["outcomes"]["ended"]) == (len(graphs), len(graphs))
 
 
 def test_distinct_kinds_at_a_site_are_bounded() -> None:
     """A pool of threads with fresh names keeps at most KINDS_MAX kinds, the rest "other"."""
     census = Census()
-    code = test_distinct_kinds_at_a_site_are_bounded.__code__
-
+    site = census.site((test_distinct_kinds_at_a_site_are_bounded.__code__, 10))
     for i in range(_census.KINDS_MAX + 10):
         kind = ("torch.cuda.graph", "global", f"t{i}", "private", None)
-        census.capture((code, 10), kind, "ended", None, 0.0)
+        census.capture(site, kind, "ended", None, 0.0)
     (entry,) = census.captures()
     assert (len(entry["threads"]), entry["threads"]["other"]) == (_census.KINDS_MAX + 1, 10)
+
+
+def test_a_fold_counts_each_kind_of_a_mixed_batch() -> None:
+    """Plain captures of two kinds at one site, folded in one batch, count under each."""
+    census = Census()
+    begin, end = path_without_torch(census)
+    graph = _Graph()
+    for i in range(10):
+        if i % 3:
+            begin(graph, capture_error_mode="relaxed")
+        else:
+            begin(graph, pool=(0, 7))
+        end(graph)
+    (entry,) = census.captures()
+    assert (entry["count"], entry["pools"], entry["modes"]) == (
+        10,
+        {"private": 6, "shared (0, 7)": 4},
+        {"relaxed": 6, "global": 4},
+    )
 
 
 @pytest.mark.parametrize(

@@ -828,14 +828,21 @@ def test_a_child_forked_during_an_inspected_capture_has_no_mode_left(sim: Any) -
 
 
 @pytest.mark.simulated
-def test_a_graph_re_captured_without_inspection_keeps_no_old_inputs(sim: Any) -> None:
+@pytest.mark.parametrize("reinstalled", [False, True], ids=["reconfigured", "reinstalled"])
+def test_a_graph_re_captured_without_inspection_keeps_no_old_inputs(
+    sim: Any, reinstalled: bool
+) -> None:
     """A graph captured inspected, reset and captured again with inspection off, replayed once
-    inspection is on again: the first capture's freed input is not its input any more."""
+    inspection is on again: the first capture's freed input is not its input any more, whether
+    inspection went off by reconfiguring or by a fresh installation (whose capture path has
+    never had an inspector of its own)."""
     cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
     x, y = torch.arange(3.0), torch.arange(3.0)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         x.add_(1)
+    if reinstalled:
+        cgguard.uninstall()
     cgguard.install(cgguard.Config(log_file="/dev/null"))
     graph.reset()
     with torch.cuda.graph(graph):

@@ -4,6 +4,7 @@ hook that exists only while one of them wants replays."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import helpers
@@ -82,6 +83,39 @@ def test_a_capture_torch_refuses_to_begin_is_closed_as_failed(recorder: Recorder
     ]
     # Nothing left to tell at a later end.
     assert helpers.tracker().tokens == {}
+
+
+class Stamped(Recorder):
+    """Returns a list token: stamped at a capture's end, told of any other ending."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens: list[list[Any]] = []
+
+    def opening(self, graph: Any, record: Record, args: tuple[Any, ...], kwargs: Any) -> Any:
+        super().opening(graph, record, args, kwargs)
+        self.tokens.append([id(graph), None])
+        return self.tokens[-1]
+
+
+def test_a_list_token_is_stamped_at_an_end_and_told_of_a_failure(recorder: Recorder) -> None:
+    """A capture that ended writes the clock into its list token's last item, and closed() is
+    not called; one torch refuses to begin is told to closed() as failed."""
+    stamped = Stamped()
+    watch(stamped)
+    graph = torch.cuda.CUDAGraph()
+    before = time.perf_counter()
+    with torch.cuda.graph(graph):
+        pass
+    after = time.perf_counter()
+    assert [what for what, _, _ in stamped.told] == ["opening"]
+    (token,) = stamped.tokens
+    assert token[0] == id(graph)
+    assert before <= token[1] <= after
+    failing = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="non-default stream"):
+        failing.capture_begin()  # on the default stream: torch refuses
+    assert stamped.told[-1] == ("closed", [id(failing), None], (FAILED, "SimulatedCudaError"))
 
 
 def test_a_refused_capture_is_told_as_refused_and_never_opened(recorder: Recorder) -> None:
