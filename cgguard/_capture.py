@@ -299,11 +299,11 @@ class Tracker:
                     # _close, inline, with stamped tokens stamped (cgguard._watch.Watcher):
                     # this runs at the end of every capture the census counts.
                     for watcher, token in tokens:
-                        if type(token) is list:
-                            token[-1] = perf_counter()
-                            continue
                         try:
-                            watcher.closed(token, ENDED, None)
+                            if type(token) is list:
+                                token[-1] = perf_counter()
+                            else:
+                                watcher.closed(token, ENDED, None)
                         except Exception as exc:
                             warn_once(
                                 "watch:closed",

@@ -80,7 +80,6 @@ class CaptureSite:
         "graphs_tracked",
         "kinds",
         "lasti",
-        "limit",
         "max_seconds",
         "open",
         "outcomes",
@@ -114,9 +113,6 @@ class CaptureSite:
         # found them: in the count, in no outcome.
         self.pending: list[Entry] = []
         self.open = 0
-        # How long the pending list may grow before a capture folds it: more than PENDING_MAX
-        # only while that many captures are under way here at once.
-        self.limit = PENDING_MAX
         self.replays = 0
         # Graphs captured here while replays were counted, and those of them replayed at least
         # once: a graph captured before replays were counted is in neither.
@@ -168,6 +164,12 @@ class Census:
         # replayed; weak, so an entry goes with its graph.
         self._graphs: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
         self.replays = False
+        # Captures begun since the last fold, across all sites, as the capture path counts them:
+        # without a lock, so an estimate, which is all a bound needs. A capture that finds it at
+        # ``limit`` folds every site first: more than PENDING_MAX only while that many captures
+        # are under way at once.
+        self.waiting = 0
+        self.limit = PENDING_MAX
 
     def after_fork(self) -> None:
         """A forked child's census starts empty: what the parent captured is the parent's."""
@@ -193,15 +195,18 @@ class Census:
                     site = self.sites_at[key] = CaptureSite(code, lasti)
         return site
 
-    def fold(self, site: CaptureSite | None = None) -> None:
-        """Count the captures ended since the last fold into their sites (or ``site``'s)."""
+    def fold(self) -> None:
+        """Count the captures ended since the last fold into their sites."""
         with self._lock:
-            if site is not None:
-                _drain(site)
-                return
-            for each in self.sites_at.values():
-                if each.pending or each.open:  # open: one may have ended and been counted
-                    _drain(each)
+            self._fold()
+
+    def _fold(self) -> None:
+        still = 0
+        for site in self.sites_at.values():
+            if site.pending or site.open:  # open: one may have ended and been counted
+                still += _drain(site)
+        self.waiting = still
+        self.limit = max(PENDING_MAX, 2 * still)
 
     def capture(  # noqa: PLR0917 - once per capture: positional costs least
         self,
@@ -272,8 +277,8 @@ class Census:
         return True
 
     def sites(self) -> list[CaptureSite]:
-        self.fold()
         with self._lock:
+            self._fold()
             return list(self.sites_at.values())
 
     def captures(self, *, fresh: bool = False) -> list[CaptureEntry]:
@@ -282,8 +287,10 @@ class Census:
         A site's entry is the one built last time while its values are unchanged (the report's
         rewrite encodes it once), unless ``fresh``: new values for a caller to keep.
         """
-        self.fold()
         with self._lock:
+            # Folded and copied under one hold: a capture counted open by the fold and ended
+            # before the copy would be in both its count and its open ones.
+            self._fold()
             # Only the sites changed since their entry was built are copied: a report of
             # thousands of sites is rewritten while new ones come.
             sites = [
@@ -328,7 +335,7 @@ def _built(site: CaptureSite, fresh: bool) -> bool:
     return not fresh and site.entry is not None and site.built == site.version
 
 
-def _drain(site: CaptureSite) -> None:
+def _drain(site: CaptureSite) -> int:
     """Count the entries of ``site``'s pending list that have ended into its aggregate, under
     the census's lock; keep those still under way.
 
@@ -356,9 +363,8 @@ def _drain(site: CaptureSite) -> None:
     if still != site.open:
         site.open = still
         site.version += 1
-    site.limit = max(PENDING_MAX, 2 * still)
     if not batch:
-        return
+        return still
     seconds = list(map(sub, ended, map(_BEGAN, batch)))
     n = len(batch)
     site.count += n
@@ -370,9 +376,10 @@ def _drain(site: CaptureSite) -> None:
     first = kinds[0]
     if kinds.count(first) == n:  # one kind, as a rule: compared, not hashed, each
         _add_kind(site, first, n)
-        return
-    for kind, count in Counter(kinds).items():
-        _add_kind(site, kind, count)
+    else:
+        for kind, count in Counter(kinds).items():
+            _add_kind(site, kind, count)
+    return still
 
 
 def _remove(pending: list[Entry], entry: Entry) -> None:
@@ -501,6 +508,7 @@ class CensusWatcher(Watcher):
         self._memory = memory
         self._probe: Any = _UNKNOWN  # the memory probe, asked for at the first capture
         self._plain = False  # whether a capture needs no extra: known at the first capture
+        self._plain_but_memory = False
         self._changed = changed
         self._counted = counted
         # The last site found, as (innermost code, instruction, site), where that code is the
@@ -533,9 +541,10 @@ class CensusWatcher(Watcher):
             0.0,
             NOT_ENDED,
         ]
-        pending = site.pending
-        if self._plain and len(pending) < site.limit:
-            pending.append(entry)  # in its site's count from now, even if it never ends
+        census = self.census
+        waiting = census.waiting = census.waiting + 1
+        if self._plain and waiting < census.limit:
+            site.pending.append(entry)  # in its site's count from now, even if it never ends
             entry[2] = perf_counter()  # read last: the time is capture_begin's own
             return entry  # stamped as it ends (cgguard._watch.Watcher)
         return self._opening(entry, graph)
@@ -546,18 +555,19 @@ class CensusWatcher(Watcher):
         probe = self._probe
         if probe is _UNKNOWN:
             probe = self._probe = self._memory()
-            self._plain = (
-                probe is None
-                and not self.wants_replays
-                and self._changed is None
-                and self._counted is None
+            # Whether a capture needs nothing but its end stamped, whatever the memory read.
+            self._plain_but_memory = (
+                not self.wants_replays and self._changed is None and self._counted is None
             )
-        site = entry[0]
-        if len(site.pending) >= site.limit:
-            self.census.fold(site)  # before the clock: the fold is not the capture's time
+            self._plain = probe is None and self._plain_but_memory
+        census = self.census
+        if census.waiting >= census.limit:
+            census.fold()  # before the clock: the fold is not the capture's time
         before = probe() if probe is not None else None
-        site.pending.append(entry)
+        entry[0].pending.append(entry)
         entry[2] = perf_counter()
+        if before is None and self._plain_but_memory:
+            return entry  # nothing measured (CUDA not initialised): stamped, as a plain one
         return (entry, before, graph if self.wants_replays else None)
 
     def _site(self, stack: Any, code: CodeType) -> CaptureSite:
@@ -613,6 +623,6 @@ class CensusWatcher(Watcher):
 
 
 _UNKNOWN: Any = object()
-# The most plain captures a site keeps waiting to be counted: bounded, so that a process whose
-# census is never read stays bounded.
+# The most captures waiting to be counted, across all sites: bounded, so that a process whose
+# census is never read stays bounded, however many sites it captures at.
 PENDING_MAX = 1024

@@ -118,6 +118,24 @@ def test_a_list_token_is_stamped_at_an_end_and_told_of_a_failure(recorder: Recor
     assert stamped.told[-1] == ("closed", [id(failing), None], (FAILED, "SimulatedCudaError"))
 
 
+def test_a_list_token_that_cannot_be_stamped_is_one_warning(
+    recorder: Recorder, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty list token: the stamp fails as a watcher's own failure, one warning, and the
+    watchers after it are still told."""
+
+    class Empty(Watcher):
+        def opening(self, graph: Any, record: Record, args: Any, kwargs: Any) -> Any:
+            return []
+
+    watch(Empty(), recorder)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        pass
+    assert ("closed", ("token", id(graph)), (ENDED, None)) in recorder.told
+    assert "internal error while watching a capture: IndexError" in capsys.readouterr().err
+
+
 def test_a_refused_capture_is_told_as_refused_and_never_opened(recorder: Recorder) -> None:
     outer = torch.cuda.CUDAGraph()
     with torch.cuda.graph(outer):
