@@ -426,13 +426,13 @@ class _Graph:
         pass
 
 
-def path_without_torch(census: Census) -> tuple[Any, Any, Any]:
-    """The real capture path (cgguard._capture.Tracker) over _Graph, with a census watcher:
-    a capture_begin of a graph, capture_end, and the capture_begin hook itself (whose caller
-    is the capture's site)."""
+def path_without_torch(census: Census, probe: Any = None) -> tuple[Any, Any, Any]:
+    """The real capture path (cgguard._capture.Tracker) over _Graph, with a census watcher
+    whose memory probe is ``probe``: a capture_begin of a graph, capture_end, and the
+    capture_begin hook itself (whose caller is the capture's site)."""
     reporter = Reporter(cgguard.Config(mode="log"), Run(census), listeners=[])
     tracker = Tracker(NO_TORCH, reporter, flag=_state.CaptureFlag(), follows=[])
-    tracker.watchers = (CensusWatcher(census, replays=False, memory=lambda: None),)
+    tracker.watchers = (CensusWatcher(census, replays=False, memory=lambda: probe),)
     end = tracker.make_capture_end(_Graph.capture_end)
 
     def begin(graph: _Graph, *args: Any, **kwargs: Any) -> None:
@@ -465,6 +465,32 @@ def test_a_hundred_thousand_captures_at_one_site_are_one_aggregate() -> None:
         1,
         _census.PENDING_MAX,
     )
+
+
+def test_a_measured_capture_counts_the_growth_its_probe_reads_at_each_end() -> None:
+    """With a memory probe (a device's allocator statistics), each capture is counted as it
+    ends with the growth read at its two ends; where the probe reads nothing (CUDA not yet
+    initialised), the capture is stamped as a plain one and its bytes stay unmeasured."""
+    readings = iter([(0, 100, 10), (0, 160, 30), (0, 160, 30), (0, 200, 35)])
+    census = Census()
+    begin, end, _ = path_without_torch(census, probe=lambda: next(readings))
+    graph = _Graph()
+    for _ in range(2):
+        begin(graph)
+        end(graph)
+    (site,) = census.sites_at.values()
+    assert (site.count, site.pending) == (2, [])  # counted as they ended, none left waiting
+    (entry,) = census.captures()
+    assert (entry["count"], entry["bytes_reserved"], entry["bytes_allocated"]) == (2, 100, 25)
+    assert entry["devices"] == {"cuda:0": 2}
+    unmeasured = Census()
+    begin, end, _ = path_without_torch(unmeasured, probe=lambda: None)
+    begin(graph)
+    end(graph)
+    (site,) = unmeasured.sites_at.values()
+    assert (site.count, len(site.pending)) == (0, 1)  # stamped, waiting for the next fold
+    (entry,) = unmeasured.captures()
+    assert (entry["count"], entry["outcomes"]["ended"], entry["bytes_reserved"]) == (1, 1, None)
 
 
 def test_two_lines_of_one_function_are_two_sites() -> None:
