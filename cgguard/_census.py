@@ -507,8 +507,11 @@ class CensusWatcher(Watcher):
         census.replays = replays
         self._memory = memory
         self._probe: Any = _UNKNOWN  # the memory probe, asked for at the first capture
-        self._plain = False  # whether a capture needs no extra: known at the first capture
-        self._plain_but_memory = False
+        # Whether a capture that reads no memory needs only its end stamped (nothing else to
+        # tell), and whether every capture is such a one (nothing to read): both known at the
+        # first capture.
+        self._stamped = False
+        self._plain = False
         self._changed = changed
         self._counted = counted
         # The last site found, as (innermost code, instruction, site), where that code is the
@@ -555,18 +558,17 @@ class CensusWatcher(Watcher):
         probe = self._probe
         if probe is _UNKNOWN:
             probe = self._probe = self._memory()
-            # Whether a capture needs nothing but its end stamped, whatever the memory read.
-            self._plain_but_memory = (
+            self._stamped = (
                 not self.wants_replays and self._changed is None and self._counted is None
             )
-            self._plain = probe is None and self._plain_but_memory
+            self._plain = probe is None and self._stamped
         census = self.census
         if census.waiting >= census.limit:
             census.fold()  # before the clock: the fold is not the capture's time
         before = probe() if probe is not None else None
         entry[0].pending.append(entry)
         entry[2] = perf_counter()
-        if before is None and self._plain_but_memory:
+        if before is None and self._stamped:
             return entry  # nothing measured (CUDA not initialised): stamped, as a plain one
         return (entry, before, graph if self.wants_replays else None)
 

@@ -470,10 +470,9 @@ def test_a_users_mode_inside_and_around_the_capture_sees_what_it_saw(sim: Any) -
     assert outer.ops[:2] == ["aten::mul", "aten::sum"]
 
 
-@pytest.mark.simulated
-def test_a_mode_left_open_past_capture_end_stays_on_the_stack(sim: Any) -> None:
-    """A raw capture whose code enters a mode and leaves it open past capture_end: cgguard's
-    mode comes off from under it, and the user's stays, in place."""
+def mode_left_open_past_capture_end() -> Counting:
+    """An inspected raw capture whose code enters a user's mode and leaves it open past
+    capture_end: the mode, still entered."""
     cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
     graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     user = Counting()
@@ -481,6 +480,14 @@ def test_a_mode_left_open_past_capture_end_stays_on_the_stack(sim: Any) -> None:
         graph.capture_begin()
         user.__enter__()
         graph.capture_end()
+    return user
+
+
+@pytest.mark.simulated
+def test_a_mode_left_open_past_capture_end_stays_on_the_stack(sim: Any) -> None:
+    """A raw capture whose code enters a mode and leaves it open past capture_end: cgguard's
+    mode comes off from under it, and the user's stays, in place."""
+    user = mode_left_open_past_capture_end()
     try:
         torch.arange(2.0).sum().item()  # no capture: nothing refused
         assert torch._C._len_torch_dispatch_stack() == 1
@@ -496,13 +503,7 @@ def test_a_mode_left_open_past_capture_end_keeps_torchs_mode_flags(sim: Any) -> 
     is on the stack, and is clear once it leaves, as without cgguard."""
     from torch.utils._python_dispatch import is_in_any_mode_without_ignore_compile_internals
 
-    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
-    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    user = Counting()
-    with torch.cuda.stream(stream):
-        graph.capture_begin()
-        user.__enter__()
-        graph.capture_end()
+    user = mode_left_open_past_capture_end()
     during = is_in_any_mode_without_ignore_compile_internals()
     user.__exit__(None, None, None)
     after = is_in_any_mode_without_ignore_compile_internals()
