@@ -44,7 +44,7 @@ from cgguard._warn import warn_once
 from cgguard._watch import ABANDONED, ENDED, FAILED, forget_graph, graphs_noted
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from cgguard._checks import Found, Record
     from cgguard._flags import CaptureFlag, FlagSource, Windows
@@ -52,8 +52,10 @@ if TYPE_CHECKING:
     from cgguard._violations import Reporter
     from cgguard._watch import Watcher
 
-# What each watcher of a capture under way keeps for it, as its opening() returned.
-Tokens = list[tuple["Watcher", Any]]
+# What a watcher of a capture under way keeps for it, as its opening() returned, with the
+# watcher that will be told how the capture ended; and what the watchers after the first keep.
+Told = tuple["Watcher", Any]
+Tokens = list[Told]
 
 
 # The traceback of a violation ends at the user's line (cgguard._errors.hidden_by_pytest).
@@ -140,15 +142,33 @@ class Tracker:
         self.captured_events: weakref.WeakKeyDictionary[Any, Record] = weakref.WeakKeyDictionary()
         # The events recorded into each capture under way, by id() of its graph.
         self.events_of: dict[int, list[weakref.ref[Any]]] = {}
-        # What follows each capture beyond the rules (cgguard._watch), replaced whole by the
-        # installation; those among them that watch replays; and each watcher's token for
-        # each capture under way, by id() of its graph.
+        # What follows each capture beyond the rules (cgguard._watch), replaced whole by
+        # watch(): all of them; the first, told directly, and the rest, told in a loop; those
+        # that watch replays.
         self.watchers: tuple[Watcher, ...] = ()
+        self.lead: Watcher | None = None
+        self.rest: tuple[Watcher, ...] = ()
         self.replay_watchers: tuple[Watcher, ...] = ()
+        # The tokens of each capture under way, by id() of its graph: the first watcher's in
+        # ``led``, the rest's in ``tokens``.
+        self.led: dict[int, Told] = {}
         self.tokens: dict[int, Tokens] = {}
         # Whether graphs may hold a watcher's notes (cgguard._watch.graphs_noted): until then,
         # capture_begin has none to drop.
         self.forgets = graphs_noted()
+
+    def watch(self, watchers: tuple[Watcher, ...]) -> None:
+        """Follow each capture begun from now on with ``watchers``, told in that order.
+
+        The first is told without the loop the others go through, and its token is kept on
+        its own: it is the census when the census is on, the one watcher on by default, so
+        the one whose cost every capture pays (docs/census.md).
+        """
+        self.watchers = watchers
+        self.lead = watchers[0] if watchers else None
+        self.rest = watchers[1:]
+        self.replay_watchers = tuple(w for w in watchers if w.wants_replays)
+        self.forgets = graphs_noted(watchers)
 
     def after_fork(self) -> None:
         """A forked child's fresh start: the parent's captures belong to threads it lacks."""
@@ -157,6 +177,7 @@ class Tracker:
         # Replaced, not cleared: the fork may have caught another thread inside them.
         self.captured_events = weakref.WeakKeyDictionary()
         self.events_of = {}
+        self.led = {}
         self.tokens = {}
         for watcher in self.watchers:
             _tell(watcher.after_fork)
@@ -226,12 +247,18 @@ class Tracker:
         previous = active.get(graph)  # a capture into this graph already under way, if any
         if self.forgets:
             forget_graph(instance)  # what a watcher kept for this graph's earlier capture
+        # Inline, not a method: this runs at every capture the census counts.
+        led: Told | None = None
+        lead = self.lead
+        if lead is not None:
+            try:
+                led = (lead, lead.opening(instance, record, args, kwargs))
+            except Exception as exc:
+                warn_once("watch:open", f"internal error while watching a capture: {exc!r}")
         tokens: Tokens | None = None
-        watchers = self.watchers
-        if watchers:
-            # Inline, not a method: this runs at every capture the census counts.
+        if self.rest:
             tokens = []
-            for watcher in watchers:
+            for watcher in self.rest:
                 try:
                     tokens.append((watcher, watcher.opening(instance, record, args, kwargs)))
                 except Exception as exc:
@@ -242,8 +269,10 @@ class Tracker:
             active[graph] = record
             result = wrapped(*args, **kwargs)
         except BaseException as exc:
-            self._begin_failed(graph, record, previous, tokens, exc)
+            self._begin_failed(graph, record, previous, led=led, tokens=tokens, exc=exc)
             raise
+        if led is not None:
+            self.led[graph] = led
         if tokens:
             self.tokens[graph] = tokens
         return result
@@ -253,6 +282,8 @@ class Tracker:
         graph: int,
         record: Record,
         previous: Record | None,
+        *,
+        led: Told | None,
         tokens: Tokens | None,
         exc: BaseException,
     ) -> None:
@@ -264,10 +295,16 @@ class Tracker:
                 active.pop(graph, None)
             else:
                 active[graph] = previous
+            if led is not None:
+                _close((led,), FAILED, exc)
             if tokens:
                 _close(tokens, FAILED, exc)
-        elif tokens:
-            self.tokens[graph] = tokens  # it began: torch raised only afterwards
+            return
+        # It began: torch raised only afterwards.
+        if led is not None:
+            self.led[graph] = led
+        if tokens:
+            self.tokens[graph] = tokens
 
     def make_capture_end(self, original: Any) -> Any:
         """CUDAGraph.capture_end, forgetting the capture once CUDA has ended it.
@@ -286,29 +323,34 @@ class Tracker:
             except BaseException as exc:
                 if not tracker._still_capturing(exc):
                     tracker._forget_events(id(self), active.pop(id(self), None))
-                    if tracker.tokens:
+                    if tracker.led or tracker.tokens:
                         tracker._closed(id(self), FAILED, exc)
                 raise
+            key = id(self)
             # An interrupt here leaves a record whose capture has ended: found stale later.
-            ended = active.pop(id(self), None)
+            ended = active.pop(key, None)
             if tracker.events_of:  # no event was recorded into any capture: nothing to forget
-                tracker._forget_events(id(self), ended)
-            if tracker.tokens:  # nothing watched: nothing to tell
-                tokens = tracker.tokens.pop(id(self), None)
+                tracker._forget_events(key, ended)
+            # _close, inline, with stamped tokens stamped (cgguard._watch.Watcher): this runs
+            # at the end of every capture the census counts.
+            led = tracker.led
+            if led:  # nothing watched: nothing to tell
+                told = led.pop(key, None)
+                if told is not None:
+                    try:
+                        token = told[1]
+                        if type(token) is list:
+                            token[0] = perf_counter()
+                        else:
+                            told[0].closed(token, ENDED, None)
+                    except Exception as exc:
+                        warn_once(
+                            "watch:closed", f"internal error while watching a capture: {exc!r}"
+                        )
+            if tracker.tokens:
+                tokens = tracker.tokens.pop(key, None)
                 if tokens:
-                    # _close, inline, with stamped tokens stamped (cgguard._watch.Watcher):
-                    # this runs at the end of every capture the census counts.
-                    for watcher, token in tokens:
-                        try:
-                            if type(token) is list:
-                                token[-1] = perf_counter()
-                            else:
-                                watcher.closed(token, ENDED, None)
-                        except Exception as exc:
-                            warn_once(
-                                "watch:closed",
-                                f"internal error while watching a capture: {exc!r}",
-                            )
+                    _ended(tokens)
             return result
 
         return capture_end
@@ -527,7 +569,10 @@ class Tracker:
 
     def _closed(self, key: int, outcome: str, error: BaseException | None) -> None:
         """Tell the watchers of the capture at ``key`` that it is over, once."""
+        led = self.led.pop(key, None)
         tokens = self.tokens.pop(key, None)
+        if led is not None:
+            _close((led,), outcome, error)
         if tokens:
             _close(tokens, outcome, error)
 
@@ -597,7 +642,7 @@ class Tracker:
         """
         if self.active.get(key) is record and self.active.pop(key, None) is record:
             self._forget_events(key, record)
-            if self.tokens:
+            if self.led or self.tokens:
                 self._closed(key, outcome, None)
             return True
         return False
@@ -688,7 +733,19 @@ def _tell(method: Callable[..., object], *args: Any) -> None:
         warn_once("watch:" + method.__name__, f"internal error while watching a capture: {exc!r}")
 
 
-def _close(tokens: Tokens, outcome: str, error: BaseException | None) -> None:
+def _ended(tokens: Tokens) -> None:
+    """Tell the watchers after the first that their capture ended: stamp or call each."""
+    for watcher, token in tokens:
+        try:
+            if type(token) is list:
+                token[0] = perf_counter()
+            else:
+                watcher.closed(token, ENDED, None)
+        except Exception as exc:
+            warn_once("watch:closed", f"internal error while watching a capture: {exc!r}")
+
+
+def _close(tokens: Iterable[Told], outcome: str, error: BaseException | None) -> None:
     # Not through _tell: this runs at the end of every capture, and a call less is part of
     # what keeps a watcher's cost within the capture path's budget.
     for watcher, token in tokens:

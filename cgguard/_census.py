@@ -13,11 +13,12 @@ device also reads the allocator's statistics once at each end, and is counted as
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 import weakref
 from collections import Counter
-from operator import itemgetter, sub
+from operator import sub
 from time import perf_counter
 from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
@@ -41,13 +42,14 @@ if TYPE_CHECKING:
 # A capture as the census counts it: (api, mode, thread name, pool, device or None).
 Kind = tuple[str, str, str, str, "str | None"]
 # A capture as the capture path notes it at its begin, in its site's pending list:
-# [site, kind, began, ended]. A list, so that the capture path stamps its end in place
-# (cgguard._watch.Watcher), without a lock or a call. ``ended`` stays NOT_ENDED until then:
-# a float, which the fold finds among floats faster than None; perf_counter() never reads 0.
+# [ended, site, thread, api, mode, pool, began]: ``thread``, ``api`` and ``mode`` as its record
+# has them, ``pool`` as capture_begin was given it (None: the graph's own), made into its Kind
+# only when it is counted, a batch at a time, where a column of one value is found by identity
+# alone. A list, so that the capture path stamps its end into its first item
+# (cgguard._watch.Watcher), without a lock or a call. ``ended`` stays NOT_ENDED until then: a
+# float, which the fold finds among floats faster than None; perf_counter() never reads 0.
 Entry = list[Any]
-_KIND = itemgetter(1)
-_BEGAN = itemgetter(2)
-_ENDED = itemgetter(3)
+_SITE = 1
 NOT_ENDED = 0.0
 
 REFUSED = OUTCOMES[2]
@@ -164,11 +166,11 @@ class Census:
         # replayed; weak, so an entry goes with its graph.
         self._graphs: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
         self.replays = False
-        # Captures begun since the last fold, across all sites, as the capture path counts them:
-        # without a lock, so an estimate, which is all a bound needs. A capture that finds it at
-        # ``limit`` folds every site first: more than PENDING_MAX only while that many captures
-        # are under way at once.
-        self.waiting = 0
+        # Numbers the captures begun since the last fold, across all sites, after those still
+        # under way then: without a lock, so an estimate, which is all a bound needs. A capture
+        # numbered ``limit`` folds every site first: more than PENDING_MAX wait only while that
+        # many captures are under way at once.
+        self.ticks = itertools.count(1)
         self.limit = PENDING_MAX
 
     def after_fork(self) -> None:
@@ -205,7 +207,7 @@ class Census:
         for site in self.sites_at.values():
             if site.pending or site.open:  # open: one may have ended and been counted
                 still += _drain(site)
-        self.waiting = still
+        self.ticks = itertools.count(still + 1)
         self.limit = max(PENDING_MAX, 2 * still)
 
     def capture(  # noqa: PLR0917 - once per capture: positional costs least
@@ -348,38 +350,45 @@ def _drain(site: CaptureSite) -> int:
     n = len(pending)
     batch = pending[:n]
     del pending[:n]
-    ended = list(map(_ENDED, batch))
+    # Its columns, in one pass: ended, site, thread, api, mode, pool, began.
+    columns = list(zip(*batch, strict=True))
     still = 0
-    if NOT_ENDED in ended:  # some still under way: back they go, to be counted as they end
+    if batch and NOT_ENDED in columns[0]:  # some still under way: back they go
         # Split by the ends as read once: one stamped since is kept, and counted next time.
-        kept: list[Entry] = []
-        done: list[Entry] = []
-        for each, end in zip(batch, ended, strict=True):
-            (kept if end == NOT_ENDED else done).append(each)
+        split: tuple[list[Entry], list[Entry]] = ([], [])
+        for each, end in zip(batch, columns[0], strict=True):
+            split[end == NOT_ENDED].append(each)
+        batch, kept = split
         pending.extend(kept)
         still = len(kept)
-        batch = done
-        ended = [end for end in ended if end != NOT_ENDED]
+        columns = list(zip(*batch, strict=True))
     if still != site.open:
         site.open = still
         site.version += 1
     if not batch:
         return still
-    seconds = list(map(sub, ended, map(_BEGAN, batch)))
+    seconds = list(map(sub, columns[0], columns[6]))
     n = len(batch)
     site.count += n
     site.version += 1
     site.outcomes[ENDED] += n
     site.seconds += sum(seconds)
-    site.max_seconds = max(site.max_seconds, *seconds)
-    kinds = list(map(_KIND, batch))
-    first = kinds[0]
-    if kinds.count(first) == n:  # one kind, as a rule: compared, not hashed, each
-        _add_kind(site, first, n)
+    longest = max(seconds)
+    site.max_seconds = max(site.max_seconds, longest)
+    # One kind, as a rule: each of its columns one object, found so without a comparison.
+    if all(column.count(column[0]) == n for column in columns[2:6]):
+        _add_kind(site, kind_of(batch[0]), n)
     else:
-        for kind, count in Counter(kinds).items():
-            _add_kind(site, kind, count)
+        for kind, times in Counter(map(kind_of, batch)).items():
+            _add_kind(site, kind, times)
     return still
+
+
+def kind_of(entry: Entry) -> Kind:
+    """The Kind of a capture's entry. Its thread, a ThreadRef, is made into its name before
+    anything is hashed: a reference to an ended thread has no hash."""
+    thread, api, mode, pool = entry[2:6]
+    return (api, mode, thread.name, "private" if pool is None else f"shared {pool!r}", None)
 
 
 def _remove(pending: list[Entry], entry: Entry) -> None:
@@ -529,32 +538,21 @@ class CensusWatcher(Watcher):
             code = code.f_code
         last = self._last
         site = last[2] if code is last[0] and stack[1] == last[1] else self._site(stack, code)
+        # Its pool: None (the graph's own), or the shared pool's handle, as
+        # graph_pool_handle() or another graph's pool() gave it.
         pool = args[0] if args else kwargs.get("pool") if kwargs else None
-        entry = [
-            site,
-            # The capture's kind. Its pool is "private" (the graph's own), or the shared
-            # pool's handle as graph_pool_handle() or another graph's pool() gave it.
-            (
-                record[API],
-                record[MODE],
-                record[THREAD].name,
-                "private" if pool is None else f"shared {pool!r}",
-                None,
-            ),
-            0.0,
-            NOT_ENDED,
-        ]
+        entry = [NOT_ENDED, site, record[THREAD], record[API], record[MODE], pool, 0.0]
         census = self.census
-        waiting = census.waiting = census.waiting + 1
+        waiting = next(census.ticks)
         if self._plain and waiting < census.limit:
             site.pending.append(entry)  # in its site's count from now, even if it never ends
-            entry[2] = perf_counter()  # read last: the time is capture_begin's own
+            entry[6] = perf_counter()  # read last: the time is capture_begin's own
             return entry  # stamped as it ends (cgguard._watch.Watcher)
-        return self._opening(entry, graph)
+        return self._opening(entry, graph, waiting)
 
-    def _opening(self, entry: Entry, graph: Any) -> Any:
-        """opening(), for a capture that is more than a plain one, or that finds its site's
-        pending list full: a token closed() is told of, not a stamped one."""
+    def _opening(self, entry: Entry, graph: Any, waiting: int) -> Any:
+        """opening(), for a capture that is more than a plain one, or that finds the captures
+        waiting to be counted at their bound: a token closed() is told of, not a stamped one."""
         probe = self._probe
         if probe is _UNKNOWN:
             probe = self._probe = self._memory()
@@ -563,11 +561,11 @@ class CensusWatcher(Watcher):
             )
             self._plain = probe is None and self._stamped
         census = self.census
-        if census.waiting >= census.limit:
+        if waiting >= census.limit:
             census.fold()  # before the clock: the fold is not the capture's time
         before = probe() if probe is not None else None
-        entry[0].pending.append(entry)
-        entry[2] = perf_counter()
+        entry[_SITE].pending.append(entry)
+        entry[6] = perf_counter()
         if before is None and self._stamped:
             return entry  # nothing measured (CUDA not initialised): stamped, as a plain one
         return (entry, before, graph if self.wants_replays else None)
@@ -591,10 +589,10 @@ class CensusWatcher(Watcher):
             # The same device at both ends: a capture does not switch devices.
             if after is not None and after[0] == before[0]:
                 grown = (after[0], after[1] - before[1], after[2] - before[2])
-        seconds = end - entry[2]
+        seconds = end - entry[6]
         self.census.capture(
-            entry[0],
-            entry[1],
+            entry[_SITE],
+            kind_of(entry),
             outcome,
             type(error).__name__ if outcome == FAILED else None,
             seconds,

@@ -9,7 +9,6 @@ from cgguard._ledger import Run
 from cgguard._patchset import PatchSet, describe
 from cgguard._report_file import ReportFile
 from cgguard._violations import Reporter
-from cgguard._watch import graphs_noted
 
 if TYPE_CHECKING:
     from cgguard._capture import Tracker
@@ -64,9 +63,7 @@ class Installation:
                 old.retired()
         self.watchers = watchers
         if self.tracker is not None:
-            self.tracker.watchers = watchers
-            self.tracker.replay_watchers = tuple(w for w in watchers if w.wants_replays)
-            self.tracker.forgets = graphs_noted(watchers)
+            self.tracker.watch(watchers)
             self._hook_replays()
             self._hook_watchers()
 

@@ -57,9 +57,10 @@ class Watcher:
     whichever way the capture ends, on the thread that ended it.
 
     A token that is a ``list`` is stamped instead: when its capture ends (ENDED), the capture
-    path writes ``time.perf_counter()``, read as torch's capture_end returns, into its last
+    path writes ``time.perf_counter()``, read as torch's capture_end returns, into its first
     item, and ``closed`` is not called; any other ending is told to ``closed`` as usual. It is
-    for a watcher that only needs to know when a capture ended, at the cost of one store.
+    for a watcher that only needs to know when a capture ended, at the cost of one store (the
+    first item: CPython specialises a store at a non-negative index, not one at -1).
     """
 
     # Whether the installation hooks CUDAGraph.replay for this watcher: off, replay is left as

@@ -432,7 +432,7 @@ def path_without_torch(census: Census, probe: Any = None) -> tuple[Any, Any, Any
     capture_begin hook itself (whose caller is the capture's site)."""
     reporter = Reporter(cgguard.Config(mode="log"), Run(census), listeners=[])
     tracker = Tracker(NO_TORCH, reporter, flag=_state.CaptureFlag(), follows=[])
-    tracker.watchers = (CensusWatcher(census, replays=False, memory=lambda: probe),)
+    tracker.watch((CensusWatcher(census, replays=False, memory=lambda: probe),))
     end = tracker.make_capture_end(_Graph.capture_end)
 
     def begin(graph: _Graph, *args: Any, **kwargs: Any) -> None:
@@ -587,6 +587,26 @@ def test_captures_begun_and_never_ended_keep_the_pending_list_bounded_by_them() 
         end(graph)
     (entry,) = census.captures()
     assert (entry["count"], entry["outcomes"]["ended"]) == (len(graphs), len(graphs))
+
+
+def test_captures_of_threads_that_have_ended_are_counted_by_their_names() -> None:
+    """Plain captures of two threads, both ended before anything is read: one batch of two
+    kinds whose threads are gone, counted under each thread's name."""
+    census = Census()
+    begin, end, _ = path_without_torch(census)
+
+    def capture(times: int) -> None:
+        graph = _Graph()
+        for _ in range(times):
+            begin(graph, capture_error_mode="thread_local")
+            end(graph)
+
+    workers = [threading.Thread(target=capture, args=(n,), name=f"t{n}") for n in (2, 3)]
+    for worker in workers:
+        worker.start()
+        worker.join()
+    (entry,) = census.captures()
+    assert (entry["count"], entry["threads"]) == (5, {"t2": 2, "t3": 3})
 
 
 def test_distinct_kinds_at_a_site_are_bounded() -> None:

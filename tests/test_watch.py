@@ -94,12 +94,12 @@ class Stamped(Recorder):
 
     def opening(self, graph: Any, record: Record, args: tuple[Any, ...], kwargs: Any) -> Any:
         super().opening(graph, record, args, kwargs)
-        self.tokens.append([id(graph), None])
+        self.tokens.append([None, id(graph)])
         return self.tokens[-1]
 
 
 def test_a_list_token_is_stamped_at_an_end_and_told_of_a_failure(recorder: Recorder) -> None:
-    """A capture that ended writes the clock into its list token's last item, and closed() is
+    """A capture that ended writes the clock into its list token's first item, and closed() is
     not called; one torch refuses to begin is told to closed() as failed."""
     stamped = Stamped()
     watch(stamped)
@@ -110,12 +110,12 @@ def test_a_list_token_is_stamped_at_an_end_and_told_of_a_failure(recorder: Recor
     after = time.perf_counter()
     assert [what for what, _, _ in stamped.told] == ["opening"]
     (token,) = stamped.tokens
-    assert token[0] == id(graph)
-    assert before <= token[1] <= after
+    assert token[1] == id(graph)
+    assert before <= token[0] <= after
     failing = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="non-default stream"):
         failing.capture_begin()  # on the default stream: torch refuses
-    assert stamped.told[-1] == ("closed", [id(failing), None], (FAILED, "SimulatedCudaError"))
+    assert stamped.told[-1] == ("closed", [None, id(failing)], (FAILED, "SimulatedCudaError"))
 
 
 def test_a_list_token_that_cannot_be_stamped_is_one_warning(
@@ -179,6 +179,66 @@ def test_a_watcher_that_fails_is_one_warning_and_the_capture_goes_on(
     graph.replay()
     assert ("closed", ("token", id(graph)), (ENDED, None)) in recorder.told
     assert "broken watcher" in capsys.readouterr().err
+
+
+class Named(Watcher):
+    """Writes down, into a log it shares, what it is told under its own name."""
+
+    def __init__(self, name: str, log: list[tuple[str, str, Any]]) -> None:
+        self.name, self.log = name, log
+
+    def opening(self, graph: Any, record: Record, args: tuple[Any, ...], kwargs: Any) -> Any:
+        self.log.append((self.name, "opening", None))
+        return self.name
+
+    def closed(self, token: Any, outcome: str, error: BaseException | None) -> None:
+        self.log.append((self.name, "closed", (token, outcome)))
+
+
+def test_every_watcher_is_told_in_its_order_whichever_way_a_capture_ends(
+    recorder: Recorder,
+) -> None:
+    """The first watcher, told apart from the rest, is told first, and each gets its own
+    token back: at an end, at a failed begin and at an abandoned capture."""
+    log: list[tuple[str, str, Any]] = []
+    watch(Named("first", log), Named("second", log), Named("third", log))
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        pass
+    failing = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="non-default stream"):
+        failing.capture_begin()  # on the default stream: torch refuses
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        torch.cuda.CUDAGraph().capture_begin(capture_error_mode="relaxed")
+    cgguard.uninstall()  # the capture still under way is over for cgguard: abandoned
+    names = ("first", "second", "third")
+    opened = [(name, "opening", None) for name in names]
+    assert log == [
+        *opened,
+        *[(name, "closed", (name, ENDED)) for name in names],
+        *opened,
+        *[(name, "closed", (name, FAILED)) for name in names],
+        *opened,
+        *[(name, "closed", (name, ABANDONED)) for name in names],
+    ]
+
+
+def test_a_capture_under_way_as_the_watchers_change_is_closed_by_those_that_opened_it(
+    recorder: Recorder,
+) -> None:
+    """Watchers replaced mid-capture: the capture's end goes to the watchers that opened it,
+    first and rest alike, and none to the new ones."""
+    log: list[tuple[str, str, Any]] = []
+    watch(Named("old first", log), Named("old second", log))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        watch(Named("new first", log), Named("new second", log))
+    assert log == [
+        ("old first", "opening", None),
+        ("old second", "opening", None),
+        ("old first", "closed", ("old first", ENDED)),
+        ("old second", "closed", ("old second", ENDED)),
+    ]
 
 
 def test_replay_is_hooked_only_while_a_watcher_wants_replays(recorder: Recorder) -> None:
