@@ -331,8 +331,8 @@ class Tracker:
             ended = active.pop(key, None)
             if tracker.events_of:  # no event was recorded into any capture: nothing to forget
                 tracker._forget_events(key, ended)
-            # _close, inline, with stamped tokens stamped (cgguard._watch.Watcher): this runs
-            # at the end of every capture the census counts.
+            # The first watcher's token, told as _close would, inline: this runs at the end of
+            # every capture the census counts.
             led = tracker.led
             if led:  # nothing watched: nothing to tell
                 told = led.pop(key, None)
@@ -350,7 +350,7 @@ class Tracker:
             if tracker.tokens:
                 tokens = tracker.tokens.pop(key, None)
                 if tokens:
-                    _ended(tokens)
+                    _close(tokens, ENDED, None)
             return result
 
         return capture_end
@@ -733,24 +733,17 @@ def _tell(method: Callable[..., object], *args: Any) -> None:
         warn_once("watch:" + method.__name__, f"internal error while watching a capture: {exc!r}")
 
 
-def _ended(tokens: Tokens) -> None:
-    """Tell the watchers after the first that their capture ended: stamp or call each."""
-    for watcher, token in tokens:
-        try:
-            if type(token) is list:
-                token[0] = perf_counter()
-            else:
-                watcher.closed(token, ENDED, None)
-        except Exception as exc:
-            warn_once("watch:closed", f"internal error while watching a capture: {exc!r}")
-
-
 def _close(tokens: Iterable[Told], outcome: str, error: BaseException | None) -> None:
+    """Tell each watcher how its capture came to an end: a list token of one that ENDED is
+    stamped instead (cgguard._watch.Watcher)."""
     # Not through _tell: this runs at the end of every capture, and a call less is part of
     # what keeps a watcher's cost within the capture path's budget.
     for watcher, token in tokens:
         try:
-            watcher.closed(token, outcome, error)
+            if outcome == ENDED and type(token) is list:
+                token[0] = perf_counter()
+            else:
+                watcher.closed(token, outcome, error)
         except Exception as exc:
             warn_once("watch:closed", f"internal error while watching a capture: {exc!r}")
 

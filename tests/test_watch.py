@@ -118,6 +118,29 @@ def test_a_list_token_is_stamped_at_an_end_and_told_of_a_failure(recorder: Recor
     assert stamped.told[-1] == ("closed", [None, id(failing)], (FAILED, "SimulatedCudaError"))
 
 
+def test_a_list_token_of_a_capture_found_ended_later_is_stamped(recorder: Recorder) -> None:
+    """A capture whose end cgguard could not see (a capture_end past torch's hook), found
+    ended at the next capture: its list token is stamped, as at any end, and closed() is not
+    called."""
+
+    class Direct(torch.cuda.CUDAGraph):  # type: ignore[misc]
+        def capture_end(self) -> None:
+            super(torch.cuda.graphs.CUDAGraph, self).capture_end()  # past the hook
+
+    stamped = Stamped()
+    watch(stamped)
+    graph, stream = Direct(), torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        graph.capture_begin()
+        graph.capture_end()
+    (token,) = stamped.tokens
+    assert token[0] is None  # not seen to end
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        pass
+    assert isinstance(token[0], float)
+    assert [what for what, _, _ in stamped.told] == ["opening", "opening"]
+
+
 def test_a_list_token_that_cannot_be_stamped_is_one_warning(
     recorder: Recorder, capsys: pytest.CaptureFixture[str]
 ) -> None:
