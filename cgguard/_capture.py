@@ -240,8 +240,20 @@ class Tracker:
             # and its callers move on while the capture stays active. It captures on the
             # current stream. Its mode is read here alone: a torch.cuda.graph's was read as
             # __enter__ began.
-            mode = _mode_of(api, instance, args, kwargs)
-            record = self.check(api, graph, mode, snapshot(1), self._current_stream())[0]
+            mode = (
+                _error_mode(args, kwargs)
+                if api is API_CAPTURE_BEGIN
+                else _accelerator_mode(instance)
+            )
+            stack, stream = snapshot(1), self._current_stream()
+            if self.active or self.follows or not self.flag.enabled:
+                record = self.check(api, graph, mode, stack, stream)[0]
+            else:  # check()'s first case, without the call, as in graph_enter
+                try:
+                    thread = _marks.ref
+                except AttributeError:
+                    thread = this_thread()
+                record = (graph, thread, api, mode, stack, stream)
         else:
             # The capture_begin of a torch.cuda.graph, checked when __enter__ began; a capture
             # another thread began while torch prepared this one was not.
@@ -260,14 +272,7 @@ class Tracker:
                 led = (lead, lead.opening(instance, record, args, kwargs))
             except Exception as exc:
                 warn_once("watch:open", f"internal error while watching a capture: {exc!r}")
-        tokens: Tokens | None = None
-        if self.rest:
-            tokens = []
-            for watcher in self.rest:
-                try:
-                    tokens.append((watcher, watcher.opening(instance, record, args, kwargs)))
-                except Exception as exc:
-                    warn_once("watch:open", f"internal error while watching a capture: {exc!r}")
+        tokens = self._open_rest(instance, record, args, kwargs) if self.rest else None
         try:
             # Recorded first: an interrupt right after torch began the capture must not leave
             # it unknown, and a later nested capture unrefused.
@@ -281,6 +286,16 @@ class Tracker:
         if tokens:
             self.tokens[graph] = tokens
         return result
+
+    def _open_rest(self, graph: Any, record: Record, args: Any, kwargs: Any) -> Tokens:
+        """Tell the watchers after the first that a capture into ``graph`` opens: their tokens."""
+        tokens: Tokens = []
+        for watcher in self.rest:
+            try:
+                tokens.append((watcher, watcher.opening(graph, record, args, kwargs)))
+            except Exception as exc:
+                warn_once("watch:open", f"internal error while watching a capture: {exc!r}")
+        return tokens
 
     def _begin_failed(
         self,
@@ -765,13 +780,6 @@ def _accelerator_mode(graph: Any) -> str:
     """
     mode = str(getattr(graph, "capture_error_mode", "default"))
     return "global" if mode == "default" else mode
-
-
-def _mode_of(api: str, graph: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """The capture_error_mode of a capture_begin into ``graph`` through ``api``."""
-    if api is API_CAPTURE_BEGIN:
-        return _error_mode(args, kwargs)
-    return _accelerator_mode(graph)
 
 
 def _error_mode(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
