@@ -38,6 +38,7 @@ from cgguard._checks import (
 from cgguard._errors import CaptureViolation, hidden_by_pytest
 from cgguard._flags import Disabler, disabled_by
 from cgguard._frames import snapshot, with_stack
+from cgguard._threads import marks as _marks
 from cgguard._threads import this_thread
 from cgguard._violations import QUERIES
 from cgguard._warn import warn_once
@@ -184,30 +185,40 @@ class Tracker:
 
     # The hooks.
 
-    def graph_enter(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        """torch.cuda.graph.__enter__ (a wrapt wrapper)."""
-        mode = instance.capture_error_mode
-        graph = id(instance.cuda_graph)
-        # torch.cuda.graph captures on its own stream, set when it was made.
-        stream = getattr(instance, "capture_stream", None)
-        return self._enter(API_GRAPH, graph, mode, stream, wrapped, args, kwargs)
+    # Each hook is one Python call: torch.accelerator's are the same methods with their own
+    # ``api``, bound by functools.partial (cgguard._patches), so that they too find the user's
+    # frame one up.
 
-    def accelerator_enter(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        """torch.accelerator.Graph.__enter__ (a wrapt wrapper): the graph is the instance."""
-        mode = _accelerator_mode(instance)
-        # It captures on the current stream.
-        stream = self._current_stream()
-        return self._enter(API_ACCELERATOR_GRAPH, id(instance), mode, stream, wrapped, args, kwargs)
-
-    def _enter(  # noqa: PLR0917 (the capture path: positional arguments cost least)
-        self, api: str, graph: int, mode: str, stream: Any, wrapped: Any, args: Any, kwargs: Any
+    def graph_enter(
+        self, wrapped: Any, instance: Any, args: Any, kwargs: Any, api: str = API_GRAPH
     ) -> Any:
+        """torch.cuda.graph.__enter__ (a wrapt wrapper), or torch.accelerator.Graph's."""
+        if api is API_GRAPH:
+            mode = instance.capture_error_mode
+            graph = id(instance.cuda_graph)
+            # torch.cuda.graph captures on its own stream, set when it was made.
+            stream = getattr(instance, "capture_stream", None)
+        else:
+            # torch.accelerator.Graph: the graph is the instance, and it captures on the
+            # current stream.
+            mode = _accelerator_mode(instance)
+            graph = id(instance)
+            stream = self._current_stream()
         # Checked before torch's __enter__ runs: it synchronizes, empties the cache and switches
         # the current stream before capture_begin, and a refusal raised after that would leave
         # the thread on the capture stream for good, since __exit__ never runs.
         key = (get_ident(), graph)
-        stack = with_stack(sys._getframe(2))  # the caller of __enter__
-        checked = self.check(api, graph, mode, stack, stream)
+        stack = with_stack(sys._getframe(1))  # the caller of __enter__
+        if self.active or self.follows or not self.flag.enabled:
+            checked = self.check(api, graph, mode, stack, stream)
+        else:
+            # check()'s first case, without the call: nothing capturing, nothing followed, and
+            # capture enabled, as at nearly every capture.
+            try:
+                thread = _marks.ref  # this_thread(), inline
+            except AttributeError:
+                thread = this_thread()
+            checked = ((graph, thread, api, mode, stack, stream), ())
         try:
             # For the capture_begin that __enter__ makes: passed aside, not through the active
             # captures, since torch's own synchronize before capture_begin is no synchronize
@@ -217,26 +228,32 @@ class Tracker:
         finally:
             self.entering.pop(key, None)
 
-    def capture_begin(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        """CUDAGraph.capture_begin (a wrapt wrapper)."""
-        mode = _error_mode(args, kwargs)
-        return self._begin(API_CAPTURE_BEGIN, mode, wrapped, instance, args, kwargs)
-
-    def accelerator_begin(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        """torch.accelerator.Graph.capture_begin (a wrapt wrapper): its mode is the graph's."""
-        mode = _accelerator_mode(instance)
-        return self._begin(API_ACCELERATOR_CAPTURE_BEGIN, mode, wrapped, instance, args, kwargs)
-
-    def _begin(  # noqa: PLR0917 (the capture path: positional arguments cost least)
-        self, api: str, mode: str, wrapped: Any, instance: Any, args: Any, kwargs: Any
+    def capture_begin(
+        self, wrapped: Any, instance: Any, args: Any, kwargs: Any, api: str = API_CAPTURE_BEGIN
     ) -> Any:
+        """CUDAGraph.capture_begin (a wrapt wrapper), or torch.accelerator.Graph's, whose mode
+        is the graph's."""
         graph = id(instance)
         entry = self.entering.pop((get_ident(), graph), None)
         if entry is None:
             # Walked now: a raw capture_begin is often made by a helper that returns at once,
             # and its callers move on while the capture stays active. It captures on the
-            # current stream.
-            record = self.check(api, graph, mode, snapshot(2), self._current_stream())[0]
+            # current stream. Its mode is read here alone: a torch.cuda.graph's was read as
+            # __enter__ began.
+            mode = (
+                _error_mode(args, kwargs)
+                if api is API_CAPTURE_BEGIN
+                else _accelerator_mode(instance)
+            )
+            stack, stream = snapshot(1), self._current_stream()
+            if self.active or self.follows or not self.flag.enabled:
+                record = self.check(api, graph, mode, stack, stream)[0]
+            else:  # check()'s first case, without the call, as in graph_enter
+                try:
+                    thread = _marks.ref
+                except AttributeError:
+                    thread = this_thread()
+                record = (graph, thread, api, mode, stack, stream)
         else:
             # The capture_begin of a torch.cuda.graph, checked when __enter__ began; a capture
             # another thread began while torch prepared this one was not.
@@ -255,14 +272,7 @@ class Tracker:
                 led = (lead, lead.opening(instance, record, args, kwargs))
             except Exception as exc:
                 warn_once("watch:open", f"internal error while watching a capture: {exc!r}")
-        tokens: Tokens | None = None
-        if self.rest:
-            tokens = []
-            for watcher in self.rest:
-                try:
-                    tokens.append((watcher, watcher.opening(instance, record, args, kwargs)))
-                except Exception as exc:
-                    warn_once("watch:open", f"internal error while watching a capture: {exc!r}")
+        tokens = self._open_rest(instance, record, args, kwargs) if self.rest else None
         try:
             # Recorded first: an interrupt right after torch began the capture must not leave
             # it unknown, and a later nested capture unrefused.
@@ -276,6 +286,16 @@ class Tracker:
         if tokens:
             self.tokens[graph] = tokens
         return result
+
+    def _open_rest(self, graph: Any, record: Record, args: Any, kwargs: Any) -> Tokens:
+        """Tell the watchers after the first that a capture into ``graph`` opens: their tokens."""
+        tokens: Tokens = []
+        for watcher in self.rest:
+            try:
+                tokens.append((watcher, watcher.opening(graph, record, args, kwargs)))
+            except Exception as exc:
+                warn_once("watch:open", f"internal error while watching a capture: {exc!r}")
+        return tokens
 
     def _begin_failed(
         self,
@@ -340,7 +360,7 @@ class Tracker:
                     try:
                         token = told[1]
                         if type(token) is list:
-                            token[0] = perf_counter()
+                            token[0] += perf_counter()
                         else:
                             told[0].closed(token, ENDED, None)
                     except Exception as exc:
@@ -407,7 +427,11 @@ class Tracker:
         """Check a capture attempt; report, and raise if an action says raise. Returns its
         record, for the caller to make active once the capture has begun, and the keys of the
         active captures it was checked against."""
-        record = (key, this_thread(), api, mode, stack, stream)
+        try:
+            thread = _marks.ref  # this_thread(), inline: this runs at every capture
+        except AttributeError:
+            thread = this_thread()
+        record = (key, thread, api, mode, stack, stream)
         # The common case costs three reads: nothing capturing, capture enabled, no followed flag.
         if not self.active and self.flag.enabled:
             follows = self.follows
@@ -741,7 +765,7 @@ def _close(tokens: Iterable[Told], outcome: str, error: BaseException | None) ->
     for watcher, token in tokens:
         try:
             if outcome == ENDED and type(token) is list:
-                token[0] = perf_counter()
+                token[0] += perf_counter()
             else:
                 watcher.closed(token, outcome, error)
         except Exception as exc:

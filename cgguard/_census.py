@@ -18,7 +18,6 @@ import re
 import threading
 import weakref
 from collections import Counter
-from operator import sub
 from time import perf_counter
 from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
@@ -42,15 +41,17 @@ if TYPE_CHECKING:
 # A capture as the census counts it: (api, mode, thread name, pool, device or None).
 Kind = tuple[str, str, str, str, "str | None"]
 # A capture as the capture path notes it at its begin, in its site's pending list:
-# [ended, site, thread, api, mode, pool, began]: ``thread``, ``api`` and ``mode`` as its record
-# has them, ``pool`` as capture_begin was given it (None: the graph's own), made into its Kind
-# only when it is counted, a batch at a time, where a column of one value is found by identity
-# alone. A list, so that the capture path stamps its end into its first item
-# (cgguard._watch.Watcher), without a lock or a call. ``ended`` stays NOT_ENDED until then: a
-# float, which the fold finds among floats faster than None; perf_counter() never reads 0.
+# [seconds, thread, api, mode, pool, site]: ``thread``, ``api`` and ``mode`` as its record has
+# them, ``pool`` as capture_begin was given it (None: the graph's own), made into its Kind only
+# when it is counted, a batch at a time, where a column of one value is found by identity
+# alone. A list, so that the capture path adds the clock at its end to its first item
+# (cgguard._watch.Watcher), without a lock or a call: ``seconds`` is minus the clock at its
+# begin until then, so negative while it is under way (perf_counter() reads above 0), and its
+# seconds once it has ended. It is UNDER_WAY from the moment the entry is in its list: a fold
+# may read it before the clock is.
 Entry = list[Any]
-_SITE = 1
-NOT_ENDED = 0.0
+_SITE = 5
+UNDER_WAY = -1.0
 
 REFUSED = OUTCOMES[2]
 
@@ -342,7 +343,7 @@ def _drain(site: CaptureSite) -> int:
     the census's lock; keep those still under way.
 
     A batch at a time, its columns read, summed and counted in C: with the capture path's
-    append and one store, this is the census's whole cost per plain capture. Only the lock's
+    append and one addition, this is the census's whole cost per plain capture. Only the lock's
     holder removes from the list, and the capture path only appends to its end, so the first
     ``n`` are this batch whatever is added meanwhile.
     """
@@ -350,14 +351,14 @@ def _drain(site: CaptureSite) -> int:
     n = len(pending)
     batch = pending[:n]
     del pending[:n]
-    # Its columns, in one pass: ended, site, thread, api, mode, pool, began.
+    # Its columns, in one pass: seconds (negative: under way), thread, api, mode, pool, site.
     columns = list(zip(*batch, strict=True))
     still = 0
-    if batch and NOT_ENDED in columns[0]:  # some still under way: back they go
-        # Split by the ends as read once: one stamped since is kept, and counted next time.
+    if batch and min(columns[0]) < 0.0:  # some still under way: back they go
+        # Split by the seconds as read once: one stamped since is kept, and counted next time.
         split: tuple[list[Entry], list[Entry]] = ([], [])
-        for each, end in zip(batch, columns[0], strict=True):
-            split[end == NOT_ENDED].append(each)
+        for each, seconds in zip(batch, columns[0], strict=True):
+            split[seconds < 0.0].append(each)
         batch, kept = split
         pending.extend(kept)
         still = len(kept)
@@ -367,7 +368,7 @@ def _drain(site: CaptureSite) -> int:
         site.version += 1
     if not batch:
         return still
-    seconds = list(map(sub, columns[0], columns[6]))
+    seconds = columns[0]
     n = len(batch)
     site.count += n
     site.version += 1
@@ -376,7 +377,7 @@ def _drain(site: CaptureSite) -> int:
     longest = max(seconds)
     site.max_seconds = max(site.max_seconds, longest)
     # One kind, as a rule: each of its columns one object, found so without a comparison.
-    if all(column.count(column[0]) == n for column in columns[2:6]):
+    if all(column.count(column[0]) == n for column in columns[1:5]):
         _add_kind(site, kind_of(batch[0]), n)
     else:
         for kind, times in Counter(map(kind_of, batch)).items():
@@ -387,7 +388,7 @@ def _drain(site: CaptureSite) -> int:
 def kind_of(entry: Entry) -> Kind:
     """The Kind of a capture's entry. Its thread, a ThreadRef, is made into its name before
     anything is hashed: a reference to an ended thread has no hash."""
-    thread, api, mode, pool = entry[2:6]
+    thread, api, mode, pool = entry[1:5]
     return (api, mode, thread.name, "private" if pool is None else f"shared {pool!r}", None)
 
 
@@ -539,14 +540,14 @@ class CensusWatcher(Watcher):
         last = self._last
         site = last[2] if code is last[0] and stack[1] == last[1] else self._site(stack, code)
         # Its pool: None (the graph's own), or the shared pool's handle, as
-        # graph_pool_handle() or another graph's pool() gave it.
-        pool = args[0] if args else kwargs.get("pool") if kwargs else None
-        entry = [NOT_ENDED, site, record[THREAD], record[API], record[MODE], pool, 0.0]
+        # graph_pool_handle() or another graph's pool() gave it. Looked up without a call.
+        pool = args[0] if args else kwargs["pool"] if kwargs and "pool" in kwargs else None
+        entry = [UNDER_WAY, record[THREAD], record[API], record[MODE], pool, site]
         census = self.census
         waiting = next(census.ticks)
         if self._plain and waiting < census.limit:
             site.pending.append(entry)  # in its site's count from now, even if it never ends
-            entry[6] = perf_counter()  # read last: the time is capture_begin's own
+            entry[0] = -perf_counter()  # read last: the time is capture_begin's own
             return entry  # stamped as it ends (cgguard._watch.Watcher)
         return self._opening(entry, graph, waiting)
 
@@ -565,7 +566,7 @@ class CensusWatcher(Watcher):
             census.fold()  # before the clock: the fold is not the capture's time
         before = probe() if probe is not None else None
         entry[_SITE].pending.append(entry)
-        entry[6] = perf_counter()
+        entry[0] = -perf_counter()
         if before is None and self._stamped:
             return entry  # nothing measured (CUDA not initialised): stamped, as a plain one
         return (entry, before, graph if self.wants_replays else None)
@@ -589,7 +590,7 @@ class CensusWatcher(Watcher):
             # The same device at both ends: a capture does not switch devices.
             if after is not None and after[0] == before[0]:
                 grown = (after[0], after[1] - before[1], after[2] - before[2])
-        seconds = end - entry[6]
+        seconds = end + entry[0]  # minus the clock at its begin: not stamped
         self.census.capture(
             entry[_SITE],
             kind_of(entry),

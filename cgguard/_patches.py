@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import importlib
 import sys
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import wrapt
 
 from cgguard._capture import (
+    API_ACCELERATOR_CAPTURE_BEGIN,
+    API_ACCELERATOR_GRAPH,
     API_ACCELERATOR_SYNCHRONIZE,
     API_EVENT_ELAPSED_TIME,
     API_EVENT_QUERY,
@@ -189,8 +192,12 @@ def _accelerator_entry_points(tracker: Tracker) -> list[tuple[Any, str, Callable
     graph_class = real_class(graph_class)
     c_module = sys.modules["torch._C"]
     points: list[tuple[Any, str, Callable[[Any], Any]]] = [
-        (graph_class, "__enter__", _wrapt(tracker.accelerator_enter)),
-        (graph_class, "capture_begin", _wrapt(tracker.accelerator_begin)),
+        (graph_class, "__enter__", _wrapt(partial(tracker.graph_enter, api=API_ACCELERATOR_GRAPH))),
+        (
+            graph_class,
+            "capture_begin",
+            _wrapt(partial(tracker.capture_begin, api=API_ACCELERATOR_CAPTURE_BEGIN)),
+        ),
         (graph_class, "capture_end", tracker.make_capture_end),
     ]
     if "_accelerator_synchronizeDevice" in vars(c_module):

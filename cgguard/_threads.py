@@ -34,14 +34,16 @@ class ThreadRef(weakref.ref[_Mark]):
 # dies with the thread: neither the thread's id, which the next thread may reuse at once, nor
 # threading's _DummyThread, which never says it ended, nor the main thread, which threading
 # counts as stopped while exit handlers still run on it, could tell that.
-_marks = threading.local()
+# A thread's ``ref`` there is its ThreadRef, once this_thread() has made it: the capture path
+# reads it without the call.
+marks = threading.local()
 
 
 def this_thread() -> ThreadRef:
     """The calling thread, as captures remember it: the same object for every call on it."""
     try:
-        ref: ThreadRef = _marks.ref
+        ref: ThreadRef = marks.ref
     except AttributeError:
-        mark = _marks.mark = _Mark()
-        ref = _marks.ref = ThreadRef(mark, current_thread())
+        mark = marks.mark = _Mark()
+        ref = marks.ref = ThreadRef(mark, current_thread())
     return ref

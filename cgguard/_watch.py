@@ -57,10 +57,12 @@ class Watcher:
     whichever way the capture ends, on the thread that ended it.
 
     A token that is a ``list`` is stamped instead: when its capture ends (ENDED), the capture
-    path writes ``time.perf_counter()``, read as torch's capture_end returns, into its first
-    item, and ``closed`` is not called; any other ending is told to ``closed`` as usual. It is
-    for a watcher that only needs to know when a capture ended, at the cost of one store (the
-    first item: CPython specialises a store at a non-negative index, not one at -1).
+    path adds ``time.perf_counter()``, read as torch's capture_end returns, to its first item,
+    and ``closed`` is not called; any other ending is told to ``closed`` as usual. It is for a
+    watcher that only needs to know how long a capture took: one that puts minus the time of
+    its begin there finds the capture's seconds there once it has ended, and a negative number
+    while it is under way, at the cost of one addition (the first item: CPython specialises a
+    subscript at a non-negative index, not one at -1).
     """
 
     # Whether the installation hooks CUDAGraph.replay for this watcher: off, replay is left as

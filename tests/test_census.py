@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import cgguard
-from cgguard import _census, _census_merge, _log, _state
+from cgguard import _capture, _census, _census_merge, _log, _state
 from cgguard._capture import NO_TORCH, Tracker
 from cgguard._census import Census, CensusWatcher, skip_reason
 from cgguard._ledger import Run
@@ -43,7 +43,7 @@ import cgguard
 from cgguard import _capture, _census
 
 STEP = float(sys.argv[1])
-ticks = iter(range(1_000_000))
+ticks = iter(range(1, 1_000_000))
 _census.perf_counter = _capture.perf_counter = lambda: next(ticks) * STEP
 
 
@@ -587,6 +587,36 @@ def test_captures_begun_and_never_ended_keep_the_pending_list_bounded_by_them() 
         end(graph)
     (entry,) = census.captures()
     assert (entry["count"], entry["outcomes"]["ended"]) == (len(graphs), len(graphs))
+
+
+def test_a_fold_between_a_captures_entry_and_its_clock_finds_it_under_way(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another thread may fold the census after a capture's entry is in its site's list and
+    before its begin read the clock: the capture is under way then, and counted once, as it
+    ended, with its own seconds."""
+    census = Census()
+    begin, end, _ = path_without_torch(census)
+    graph = _Graph()
+    begin(graph)  # the first capture: its site is found, and the census known to be plain
+    end(graph)
+    clock = iter([10.0, 10.5])  # the second capture's begin, then its end
+    seen: list[dict[str, Any]] = []
+
+    def folding_clock() -> float:
+        if not seen:  # at its begin: what a fold on another thread would count
+            seen.extend(census.captures(fresh=True))
+        return next(clock)
+
+    monkeypatch.setattr(_census, "perf_counter", folding_clock)
+    monkeypatch.setattr(_capture, "perf_counter", folding_clock)
+    begin(graph)
+    end(graph)
+    monkeypatch.undo()
+    ((during,), (after,)) = (seen, census.captures(fresh=True))
+    assert (during["count"], during["outcomes"]["ended"]) == (2, 1)  # one open, one ended
+    assert (after["count"], after["outcomes"]["ended"]) == (2, 2)
+    assert after["seconds"] - during["seconds"] == pytest.approx(0.5)
 
 
 def test_captures_of_threads_that_have_ended_are_counted_by_their_names() -> None:

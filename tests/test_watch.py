@@ -85,6 +85,10 @@ def test_a_capture_torch_refuses_to_begin_is_closed_as_failed(recorder: Recorder
     assert helpers.tracker().tokens == {}
 
 
+# What a Stamped watcher's tokens start from: the clock is added to it.
+OFFSET = -1000.0
+
+
 class Stamped(Recorder):
     """Returns a list token: stamped at a capture's end, told of any other ending."""
 
@@ -94,13 +98,13 @@ class Stamped(Recorder):
 
     def opening(self, graph: Any, record: Record, args: tuple[Any, ...], kwargs: Any) -> Any:
         super().opening(graph, record, args, kwargs)
-        self.tokens.append([None, id(graph)])
+        self.tokens.append([OFFSET, id(graph)])
         return self.tokens[-1]
 
 
 def test_a_list_token_is_stamped_at_an_end_and_told_of_a_failure(recorder: Recorder) -> None:
-    """A capture that ended writes the clock into its list token's first item, and closed() is
-    not called; one torch refuses to begin is told to closed() as failed."""
+    """A capture that ended adds the clock to its list token's first item, and closed() is not
+    called; one torch refuses to begin is told to closed() as failed."""
     stamped = Stamped()
     watch(stamped)
     graph = torch.cuda.CUDAGraph()
@@ -111,11 +115,11 @@ def test_a_list_token_is_stamped_at_an_end_and_told_of_a_failure(recorder: Recor
     assert [what for what, _, _ in stamped.told] == ["opening"]
     (token,) = stamped.tokens
     assert token[1] == id(graph)
-    assert before <= token[0] <= after
+    assert before + OFFSET <= token[0] <= after + OFFSET
     failing = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="non-default stream"):
         failing.capture_begin()  # on the default stream: torch refuses
-    assert stamped.told[-1] == ("closed", [None, id(failing)], (FAILED, "SimulatedCudaError"))
+    assert stamped.told[-1] == ("closed", [OFFSET, id(failing)], (FAILED, "SimulatedCudaError"))
 
 
 def test_a_list_token_of_a_capture_found_ended_later_is_stamped(recorder: Recorder) -> None:
@@ -134,10 +138,11 @@ def test_a_list_token_of_a_capture_found_ended_later_is_stamped(recorder: Record
         graph.capture_begin()
         graph.capture_end()
     (token,) = stamped.tokens
-    assert token[0] is None  # not seen to end
+    assert token[0] == OFFSET  # not seen to end
+    before = time.perf_counter()
     with torch.cuda.graph(torch.cuda.CUDAGraph()):
         pass
-    assert isinstance(token[0], float)
+    assert before + OFFSET <= token[0] <= time.perf_counter() + OFFSET
     assert [what for what, _, _ in stamped.told] == ["opening", "opening"]
 
 
