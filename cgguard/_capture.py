@@ -428,7 +428,7 @@ class Tracker:
         record, for the caller to make active once the capture has begun, and the keys of the
         active captures it was checked against."""
         try:
-            thread = _marks.ref  # this_thread(), inline: this runs at every capture
+            thread = _marks.ref  # this_thread(), inline, as in the hooks
         except AttributeError:
             thread = this_thread()
         record = (key, thread, api, mode, stack, stream)

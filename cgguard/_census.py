@@ -6,7 +6,7 @@ record per capture, so a process with a hundred thousand captures at one place k
 It belongs to the run (cgguard._ledger.Run): kept across reconfiguration, and started afresh in
 a forked child. ``CensusWatcher`` is what the capture path tells (cgguard._watch). A plain
 capture (unmeasured, its replays not counted) costs the capture path one list appended to its
-site's ``pending`` list at its begin, and the clock stamped into it at its end; the counting is
+site's ``pending`` list at its begin, and the clock added to it at its end; the counting is
 done a batch at a time, in C where it can be, by whoever reads the census. A capture on a
 device also reads the allocator's statistics once at each end, and is counted as it ends.
 """
@@ -145,11 +145,11 @@ class Census:
     """Captures and torch.compile's skipped cudagraphs, per site. Thread-safe.
 
     The capture path appends each capture's entry to its site's ``pending`` list at its begin,
-    and writes a plain capture's end into it, without a lock; what has ended is counted into
-    the site's aggregate by whoever reads the census (the report's writer, the summary,
-    census()), or by the capture that finds the list full. Anything but a plain end is counted
-    at once, under the lock. ``replays`` says whether replays are counted (the census speaks
-    of them only then).
+    and adds the clock to a plain capture's entry at its end, without a lock; what has ended is
+    counted into the site's aggregate by whoever reads the census (the report's writer, the
+    summary, census()), or by the capture that finds the list full. Anything but a plain end is
+    counted at once, under the lock. ``replays`` says whether replays are counted (the census
+    speaks of them only then).
     """
 
     def __init__(self) -> None:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -324,14 +325,18 @@ def test_without_replays_asked_replay_is_untouched_and_nothing_speaks_of_replays
 
 def test_a_failed_capture_is_counted_with_its_error_type(installed: None) -> None:
     """torch refuses a capture on the default stream: failed, by its error's type."""
+    before = time.perf_counter()
     with pytest.raises(RuntimeError, match="non-default stream"):
         torch.cuda.CUDAGraph().capture_begin()
+    took = time.perf_counter() - before
     (site,) = cgguard.census()["captures"]
     assert (site["outcomes"], site["errors"], site["apis"]) == (
         outcomes(failed=1),
         {"SimulatedCudaError": 1},
         {"CUDAGraph.capture_begin": 1},
     )
+    # Its time up to torch's refusal, from its begin's clock: no more than the call took.
+    assert 0.0 < site["seconds"] <= took
 
 
 def test_a_capture_left_open_by_an_ended_thread_is_counted_abandoned(installed: None) -> None:

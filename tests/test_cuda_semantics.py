@@ -230,6 +230,32 @@ def test_accelerator_graph_inside_a_capture_is_refused_before_torch_runs(
     ]
 
 
+@pytest.mark.skipif(not HAS_ACCELERATOR_GRAPH, reason="needs torch.accelerator.Graph (torch 2.13+)")
+def test_an_accelerator_graph_with_nothing_capturing_is_counted_as_its_own_api(
+    runtime: Runtime,
+) -> None:
+    """With nothing capturing, torch.accelerator.Graph's hooks take the path that makes no
+    check() call: a raw capture_begin is still counted at its line as Graph.capture_begin, in
+    its graph's mode, and an __enter__ that torch fails leaves nothing under way."""
+    cgguard.install(cgguard.Config(log_file=os.devnull))
+    # A bare instance: without a device torch cannot construct one; its C half then fails.
+    graph = torch.accelerator.Graph.__new__(torch.accelerator.Graph)
+    graph.capture_error_mode = "relaxed"
+    with pytest.raises(AttributeError):
+        graph.capture_begin()  # @accelerator-raw
+    with pytest.raises(RuntimeError):
+        with graph:
+            pytest.fail("the body of a capture torch failed ran")
+    (site,) = cgguard.census()["captures"]
+    assert (site["line"], site["apis"], site["modes"], site["errors"]) == (
+        THIS_FILE.line_of("@accelerator-raw"),
+        {"Graph.capture_begin": 1},
+        {"relaxed": 1},
+        {"AttributeError": 1},
+    )
+    assert cgguard.status().captures == ()
+
+
 @pytest.mark.skipif(not HAS_ACCELERATOR_GRAPH, reason="needs torch.accelerator (torch 2.13+)")
 def test_accelerator_synchronize_during_a_capture_is_reported(
     runtime: Runtime, events: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
