@@ -214,11 +214,7 @@ class Tracker:
         else:
             # check()'s first case, without the call: nothing capturing, nothing followed, and
             # capture enabled, as at nearly every capture.
-            try:
-                thread = _marks.ref  # this_thread(), inline
-            except AttributeError:
-                thread = this_thread()
-            checked = ((graph, thread, api, mode, stack, stream), ())
+            checked = ((graph, _marks.ref, api, mode, stack, stream), ())
         try:
             # For the capture_begin that __enter__ makes: passed aside, not through the active
             # captures, since torch's own synchronize before capture_begin is no synchronize
@@ -249,11 +245,7 @@ class Tracker:
             if self.active or self.follows or not self.flag.enabled:
                 record = self.check(api, graph, mode, stack, stream)[0]
             else:  # check()'s first case, without the call, as in graph_enter
-                try:
-                    thread = _marks.ref
-                except AttributeError:
-                    thread = this_thread()
-                record = (graph, thread, api, mode, stack, stream)
+                record = (graph, _marks.ref, api, mode, stack, stream)
         else:
             # The capture_begin of a torch.cuda.graph, checked when __enter__ began; a capture
             # another thread began while torch prepared this one was not.
@@ -427,11 +419,7 @@ class Tracker:
         """Check a capture attempt; report, and raise if an action says raise. Returns its
         record, for the caller to make active once the capture has begun, and the keys of the
         active captures it was checked against."""
-        try:
-            thread = _marks.ref  # this_thread(), inline, as in the hooks
-        except AttributeError:
-            thread = this_thread()
-        record = (key, thread, api, mode, stack, stream)
+        record = (key, _marks.ref, api, mode, stack, stream)  # _marks.ref: this_thread()
         # The common case costs three reads: nothing capturing, capture enabled, no followed flag.
         if not self.active and self.flag.enabled:
             follows = self.follows

@@ -34,16 +34,18 @@ class ThreadRef(weakref.ref[_Mark]):
 # dies with the thread: neither the thread's id, which the next thread may reuse at once, nor
 # threading's _DummyThread, which never says it ended, nor the main thread, which threading
 # counts as stopped while exit handlers still run on it, could tell that.
-# A thread's ``ref`` there is its ThreadRef, once this_thread() has made it: the capture path
-# reads it without the call.
-marks = threading.local()
+class _Marks(threading.local):
+    """Each thread's mark and its ThreadRef, made at the thread's first read of them."""
+
+    def __init__(self) -> None:
+        self.mark = _Mark()
+        self.ref = ThreadRef(self.mark, current_thread())
+
+
+# ``marks.ref`` is the calling thread's ThreadRef: the capture path reads it without a call.
+marks = _Marks()
 
 
 def this_thread() -> ThreadRef:
     """The calling thread, as captures remember it: the same object for every call on it."""
-    try:
-        ref: ThreadRef = marks.ref
-    except AttributeError:
-        mark = marks.mark = _Mark()
-        ref = marks.ref = ThreadRef(mark, current_thread())
-    return ref
+    return marks.ref
