@@ -265,10 +265,15 @@ def test_exempted_from_many_threads_at_once_counts_each(
 ) -> None:
     """Exempted captures on several threads at once are each counted, at one site."""
     # Thread-local captures: in global mode each torch.cuda.graph's own synchronize would fail
-    # while another thread's capture is under way, as CUDA's does, whenever two overlap.
+    # while another thread's capture is under way, as CUDA's does, whenever two overlap. Each on
+    # a stream of its own: torch.cuda.graph's default capture stream is one for the process,
+    # and a capture begun on a stream that already captures fails, as in CUDA.
     kernels = make_module(
         "exempt_threads_i",
-        KERNELS.replace("graph(graph)", 'graph(graph, capture_error_mode="thread_local")'),
+        KERNELS.replace(
+            "graph(graph)",
+            'graph(graph, stream=torch.cuda.Stream(), capture_error_mode="thread_local")',
+        ),
     )
     install("capture_disabled=exempt_threads_i")
     failures: list[BaseException] = []
