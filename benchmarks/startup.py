@@ -61,8 +61,8 @@ def medians(
 def exemptions_file(path: str) -> int:
     """Write an exemptions file of as many entries as fit in 1 MiB, every kind of place and
     rule in turn, and a comment now and then; return how many entries it holds."""
-    from cgguard._exempt_syntax import LONGEST_FILE
-    from cgguard._rules import NAMES
+    from cgguard._rules.exempt_syntax import LONGEST_FILE
+    from cgguard._rules.table import NAMES
 
     places = ("vllm_plugin{}.kernels:Kernel.run", "*/plugin{}/kernels.py", "vllm_plugin{}.ops.")
     lines: list[str] = []

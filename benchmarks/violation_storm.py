@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 import cgguard
-from cgguard import _state
+from cgguard._gate import state as _state
 from cgguard.testing import simulated_cuda
 
 if TYPE_CHECKING:

@@ -51,8 +51,8 @@ def time_checks(count: int, windows: tuple[str, ...], how: str) -> float:
     predicate window is true)."""
     import cgguard_bench_windows as bench  # type: ignore[import-not-found]
 
-    from cgguard import _state
-    from cgguard._frames import snapshot
+    from cgguard._gate import state as _state
+    from cgguard._support.frames import snapshot
 
     with simulated_cuda():
         cgguard.install(cgguard.Config(log_file=os.devnull, windows=windows))

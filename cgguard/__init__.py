@@ -7,9 +7,12 @@ PYTEST_DONT_REWRITE: activation imports cgguard before pytest starts, so pytest,
 its plugins' packages, would warn (an error under ``filterwarnings = error``) that it cannot.
 """
 
+import sys
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from cgguard._config import Config
+    from cgguard._boot.startup import activate
+    from cgguard._config.config import Config
     from cgguard._errors import (
         AbandonedCaptureError,
         CaptureDisabledError,
@@ -23,13 +26,13 @@ if TYPE_CHECKING:
         RngDuringCaptureError,
         SyncDuringCaptureError,
     )
-    from cgguard._flag import (
+    from cgguard._gate.follow import follow_flag
+    from cgguard._gate.switch import (
         capture_disabled,
         capture_enabled,
         is_capture_enabled,
         set_capture_enabled,
     )
-    from cgguard._follow import follow_flag
     from cgguard._install import Status, census, install, is_installed, status, uninstall
     from cgguard._version import __version__
 
@@ -48,6 +51,7 @@ __all__ = [
     "Status",
     "SyncDuringCaptureError",
     "__version__",
+    "activate",
     "capture_disabled",
     "capture_enabled",
     "census",
@@ -60,31 +64,33 @@ __all__ = [
     "uninstall",
 ]
 
+# Where each public name lives, below this face.
 _HOMES = {
-    "Config": "_config",
-    "AbandonedCaptureError": "_errors",
-    "CaptureDisabledError": "_errors",
-    "CaptureViolation": "_errors",
-    "CgguardError": "_errors",
-    "ConcurrentCaptureError": "_errors",
-    "ConfigError": "_errors",
-    "NestedCaptureError": "_errors",
-    "DeadInputError": "_errors",
-    "ImplicitSyncError": "_errors",
-    "RngDuringCaptureError": "_errors",
-    "SyncDuringCaptureError": "_errors",
-    "follow_flag": "_follow",
-    "capture_disabled": "_flag",
-    "capture_enabled": "_flag",
-    "is_capture_enabled": "_flag",
-    "set_capture_enabled": "_flag",
-    "census": "_install",
-    "install": "_install",
-    "is_installed": "_install",
-    "status": "_install",
-    "Status": "_install",
-    "uninstall": "_install",
-    "__version__": "_version",
+    "AbandonedCaptureError": "cgguard._errors",
+    "CaptureDisabledError": "cgguard._errors",
+    "CaptureViolation": "cgguard._errors",
+    "CgguardError": "cgguard._errors",
+    "ConcurrentCaptureError": "cgguard._errors",
+    "Config": "cgguard._config.config",
+    "ConfigError": "cgguard._errors",
+    "DeadInputError": "cgguard._errors",
+    "ImplicitSyncError": "cgguard._errors",
+    "NestedCaptureError": "cgguard._errors",
+    "RngDuringCaptureError": "cgguard._errors",
+    "Status": "cgguard._install",
+    "SyncDuringCaptureError": "cgguard._errors",
+    "__version__": "cgguard._version",
+    "activate": "cgguard._boot.startup",
+    "capture_disabled": "cgguard._gate.switch",
+    "capture_enabled": "cgguard._gate.switch",
+    "census": "cgguard._install",
+    "follow_flag": "cgguard._gate.follow",
+    "install": "cgguard._install",
+    "is_capture_enabled": "cgguard._gate.switch",
+    "is_installed": "cgguard._install",
+    "set_capture_enabled": "cgguard._gate.switch",
+    "status": "cgguard._install",
+    "uninstall": "cgguard._install",
 }
 
 
@@ -92,9 +98,10 @@ def __getattr__(name: str) -> object:
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'cgguard' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"cgguard.{home}"), name)
+    # The import statement's machinery, not importlib's package: ``cgguard.activate`` is read
+    # at every activated start-up, where importing importlib would cost more than the rest.
+    __import__(home)
+    value = getattr(sys.modules[home], name)
     globals()[name] = value  # later look-ups skip this function
     return value
 

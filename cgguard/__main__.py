@@ -1,7 +1,7 @@
-"""``python -m cgguard``: see cgguard._cli."""
+"""``python -m cgguard``: see cgguard._commands.main."""
 
 import sys
 
-from cgguard._cli import main
+from cgguard._commands.main import main
 
 sys.exit(main())

@@ -1,6 +1,6 @@
 """What activation does once torch is imported: configure from the environment, then install.
 
-cgguard._startup calls ``on_torch_import`` by name, so that start-up never imports this module,
+cgguard._boot.startup calls ``on_torch_import`` by name, so that start-up never imports this module,
 or anything it imports, until torch is imported.
 """
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cgguard._config import Config
+from cgguard._config.config import Config
 from cgguard._install import install, is_installed
-from cgguard._warn import warn_once
+from cgguard._support.warn import warn_once
 
 if TYPE_CHECKING:
     from types import ModuleType

@@ -22,7 +22,7 @@ class CaptureViolation(CgguardError, RuntimeError):  # noqa: N818 - the public n
     ``event`` is the violation's full event, as reported (see docs/rules-and-events.md).
     """
 
-    rule: str = ""  # the rule's name; cgguard._rules builds its table from these
+    rule: str = ""  # the rule's name; cgguard._rules.table builds its table from these
 
     def __init__(self, message: str, event: "Mapping[str, object] | None" = None) -> None:
         super().__init__(message)

@@ -11,40 +11,38 @@ import sys
 import threading
 from typing import TYPE_CHECKING, NamedTuple
 
-from cgguard import (
-    _compile_skips,
-    _events,
-    _follow,
-    _metrics,
-    _profiles,
-    _settings,
-    _startup,
-    _state,
-    _windows,
-)
-from cgguard._checks import API, BEGAN_AT, MODE, THREAD
-from cgguard._config import Config
+from cgguard._boot import startup as _startup
+from cgguard._census import compile_skips as _compile_skips
+from cgguard._config import settings as _settings
+from cgguard._config.config import Config
+from cgguard._core.installation import Installation
+from cgguard._data.ledger import Run
 from cgguard._errors import ConfigError
-from cgguard._exempt_match import Exemptions
-from cgguard._flags import FlagSource
-from cgguard._installation import Installation
-from cgguard._ledger import Run
-from cgguard._log import EventLog
-from cgguard._report_file import ReportFile
-from cgguard._state import FLAG
-from cgguard._violations import Reporter
-from cgguard._warn import warn_once
+from cgguard._gate import follow as _follow
+from cgguard._gate import profiles as _profiles
+from cgguard._gate import state as _state
+from cgguard._gate import windows as _windows
+from cgguard._gate.flags import FlagSource
+from cgguard._gate.state import FLAG
+from cgguard._reporting import events as _events
+from cgguard._reporting import metrics as _metrics
+from cgguard._reporting.log import EventLog
+from cgguard._reporting.report_file import ReportFile
+from cgguard._reporting.reporter import Reporter
+from cgguard._rules.checks import API, BEGAN_AT, MODE, THREAD
+from cgguard._rules.exempt_match import Exemptions
+from cgguard._support.warn import warn_once
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType
 
-    from cgguard._checks import Record
-    from cgguard._frames import FrameInfo
-    from cgguard._profiles import ProfileInfo
-    from cgguard._schema import CensusReport
-    from cgguard._watch import Watcher
-    from cgguard._windows import WindowInfo
+    from cgguard._core.watch import Watcher
+    from cgguard._data.schema import CensusReport
+    from cgguard._gate.profiles import ProfileInfo
+    from cgguard._gate.windows import WindowInfo
+    from cgguard._rules.checks import Record
+    from cgguard._support.frames import FrameInfo
 
 PATCH_ON_IMPORT = "cgguard._install:patch_on_import"
 
@@ -246,7 +244,7 @@ def open_captures() -> CaptureMark:
 def forget_captures(kept: CaptureMark = ()) -> list[LeftOpen]:
     """Forget every open capture but ``kept``, and say what each was: a test runner's clean
     start for the next test. CUDA is not told: a capture it holds stays open there."""
-    from cgguard._frames import render, resolve
+    from cgguard._support.frames import render, resolve
 
     with _lock:
         tracker = _state.current.tracker if _state.current is not None else None
@@ -263,7 +261,7 @@ def forget_captures(kept: CaptureMark = ()) -> list[LeftOpen]:
 
 
 def _exempt_texts(exemptions: Exemptions | None) -> list[str]:
-    from cgguard._exempt_syntax import text
+    from cgguard._rules.exempt_syntax import text
 
     return [text(pair) for pair in exemptions.pairs] if exemptions is not None else []
 
@@ -298,13 +296,13 @@ def _configure(
 
 
 def _watchers(config: Config, installation: Installation) -> tuple[Watcher, ...]:
-    """What ``config`` has follow each capture beyond the rules (cgguard._watch), in the
+    """What ``config`` has follow each capture beyond the rules (cgguard._core.watch), in the
     order they are told: each feature that watches captures adds its own here."""
     watchers: list[Watcher] = []
     if config.census:
         watchers.append(_census_watcher(config, installation))
     if config.inspect:
-        from cgguard._inspect import Inspector
+        from cgguard._inspect.inspector import Inspector
 
         watchers.append(Inspector(installation, config.inspect_first))
     return tuple(watchers)
@@ -312,7 +310,7 @@ def _watchers(config: Config, installation: Installation) -> tuple[Watcher, ...]
 
 def _census_watcher(config: Config, installation: Installation) -> Watcher:
     """The census's watcher, counting into the run's census (kept across reconfiguration)."""
-    from cgguard._census import CensusWatcher
+    from cgguard._data.census import CensusWatcher
 
     def memory() -> Callable[[], tuple[int, int, int] | None] | None:
         tracker = installation.tracker
@@ -412,7 +410,7 @@ def _patch() -> None:
         if installation is None or installation.patches:
             return
         try:
-            from cgguard._patches import patch_torch
+            from cgguard._core.patches import patch_torch
 
             patch_torch(installation)
         except Exception as exc:
@@ -432,7 +430,7 @@ def refresh_device_sync() -> None:
     with _lock:
         installation = _state.current
         if installation is not None and installation.patches:
-            from cgguard._patches import patch_device_sync
+            from cgguard._core.patches import patch_device_sync
 
             patch_device_sync(installation)
 

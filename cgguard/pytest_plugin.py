@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 
     from pluggy import Result
 
-    from cgguard._config import Config
+    from cgguard._config.config import Config
+    from cgguard._data.schema import ViolationEvent
     from cgguard._install import CaptureMark, LeftOpen
-    from cgguard._schema import ViolationEvent
     from cgguard.testing import SimulatedCuda
     from cgguard.testing._simcuda import ActiveCapture
 
@@ -168,7 +168,7 @@ class _Guard:
     def listening(self) -> Generator[None, None, None]:
         # A listener of its own rather than the log stream: logging drops stacks on repeats,
         # and a test must see every violation in full (PITFALLS, "Reporting and integrations").
-        from cgguard._state import LISTENERS
+        from cgguard._gate.state import LISTENERS
 
         LISTENERS.append(self._listen)
         try:
@@ -331,7 +331,7 @@ def _judge(report: pytest.TestReport, problems: list[str]) -> None:
 def _drop_abandoned() -> None:
     # A capture left by a thread the test started and ended is this test's violation; found
     # later, it would fail whichever test came next.
-    from cgguard import _state
+    from cgguard._gate import state as _state
 
     installation = _state.current
     if installation is not None and installation.tracker is not None:
@@ -361,7 +361,7 @@ def _forget_left_open(test: _Test) -> str | None:
 
 
 def _describe_left_open(left: list[LeftOpen], dropped: list[ActiveCapture], on_cuda: bool) -> str:
-    from cgguard._frames import format_frames
+    from cgguard._support.frames import format_frames
 
     count = len(left) or len(dropped)
     if count == 1:
@@ -419,7 +419,7 @@ def _changes(session: Config, now: Config) -> str:
 
 def _describe_unexpected(events: list[Event], when: str) -> list[str]:
     """The report of violations nobody expected, one block per distinct violation."""
-    from cgguard._text import shown
+    from cgguard._support.text import shown
 
     if not events:
         return []
@@ -450,7 +450,7 @@ def _describe_unexpected(events: list[Event], when: str) -> list[str]:
 
 def _stacks(event: Event) -> str:
     """The event's stacks as the console log shows them."""
-    from cgguard._log import format_stacks
+    from cgguard._reporting.log import format_stacks
 
     return format_stacks(event)
 
@@ -465,7 +465,7 @@ def _stacks_start_at_the_test() -> contextlib.AbstractContextManager[None]:
     import _pytest
     import pluggy
 
-    from cgguard._frames import started_by
+    from cgguard._support.frames import started_by
 
     def folder(module: object) -> str:
         return os.path.dirname(str(getattr(module, "__file__", "")))
@@ -483,7 +483,7 @@ def _expected_rules(item: pytest.Item) -> frozenset[str]:
 
 
 def _rules() -> tuple[str, ...]:
-    from cgguard._rules import NAMES
+    from cgguard._rules.table import NAMES
 
     return NAMES
 

@@ -34,7 +34,7 @@ def _run_next_sitecustomize() -> None:
 
 
 try:
-    from cgguard._startup import activate
+    from cgguard import activate
 except Exception:  # noqa: S110 - no cgguard in this Python: start as if we were absent
     pass
 else:

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import cgguard
-from cgguard import _state, _warn
+from cgguard._gate import state as _state
+from cgguard._support import warn as _warn
 from cgguard.testing import capture_violations
 
 if TYPE_CHECKING:

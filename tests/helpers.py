@@ -15,7 +15,7 @@ DISABLED_SENTENCE = (
 
 def tracker() -> Any:
     """The capture path of the installation in effect (torch is patched)."""
-    from cgguard import _state
+    from cgguard._gate import state as _state
 
     installation = _state.current
     assert installation is not None
@@ -25,7 +25,7 @@ def tracker() -> Any:
 
 def run_seen() -> Any:
     """What the installation in effect has seen."""
-    from cgguard import _state
+    from cgguard._gate import state as _state
 
     assert _state.current is not None
     return _state.current.run
@@ -169,7 +169,7 @@ _stand_ins: dict[int, Any] = {}
 def thread(ident: int) -> Any:
     """This thread for its own id; a stand-in, one per id, for any other."""
     if ident == threading.get_ident():
-        from cgguard._threads import this_thread
+        from cgguard._support.threads import this_thread
 
         return this_thread()
     return _stand_ins.setdefault(ident, AliveThread(ident))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import clean_environ, patched_count
 
-from cgguard._runner import BOOT_DIR
+from cgguard._commands.run import BOOT_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = str(REPO / "sitecustomize_example")
@@ -59,7 +59,7 @@ def test_idle_activation_loads_only_the_standard_library() -> None:
     bare = json.loads(python(code, clean_environ()).stdout)
     done = python(code, clean_environ(CGGUARD_ENABLED="1"))
     added = sorted(set(json.loads(done.stdout)) - set(bare))
-    assert added == ["cgguard", "cgguard._startup"]
+    assert added == ["cgguard", "cgguard._boot", "cgguard._boot.startup"]
     assert done.stderr == ""
 
 
@@ -121,11 +121,15 @@ def test_known_variables_cost_no_name_matching() -> None:
     expected = (
         [
             "cgguard",
+            "cgguard._boot",
+            "cgguard._boot.startup",
+            "cgguard._config",
+            "cgguard._config.settings",
             "cgguard._errors",
             "cgguard._rules",
-            "cgguard._settings",
-            "cgguard._startup",
-            "cgguard._warn",
+            "cgguard._rules.table",
+            "cgguard._support",
+            "cgguard._support.warn",
         ],
         "cgguard: ignoring CGGUARD_MODE='rase': accepted values are raise, log\n",
     )
@@ -153,10 +157,10 @@ def test_long_values_are_cut_at_start(name: str) -> None:
 def test_patch_failure_leaves_torch_importable() -> None:
     """If patching fails inside ``import torch``, torch imports, one line says so, all runs."""
     code = """
-        import cgguard._patches
+        import cgguard._core.patches
         def broken(guard):
             raise RuntimeError("injected")
-        cgguard._patches.patch_torch = broken
+        cgguard._core.patches.patch_torch = broken
         import torch
         print(torch.cuda.graphs.graph.__enter__.__name__)
         """
@@ -319,7 +323,7 @@ def test_the_pth_skips_exactly_the_values_the_settings_read_as_off() -> None:
     just the spellings of "off" that CGGUARD_ENABLED's one parser reads, and an empty value."""
     import ast
 
-    from cgguard._settings import parse_bool
+    from cgguard._config.settings import parse_bool
 
     line = (REPO / "cgguard.pth").read_text().strip()
     skipped = next(

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from capture_audit import Site, problems, read_table, scan, scan_source
 
-from cgguard._profiles import PROFILES
+from cgguard._gate.profiles import PROFILES
 
 AUDIT = Path(__file__).parent.parent / "docs" / "audit"
 TABLES = {"vllm": AUDIT / "vllm-0.33.0.md", "sglang": AUDIT / "sglang-0.5.23.md"}

@@ -19,7 +19,8 @@ from helpers import DISABLED_SENTENCE, SourceFile, tracker
 from torch.cuda import graph as graph_taken_early
 
 import cgguard
-from cgguard import _capture, _state
+from cgguard._core import tracker as _capture
+from cgguard._gate import state as _state
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

@@ -1,4 +1,4 @@
-"""The capture census (cgguard._census): every capture counted per site, in census(), the exit
+"""The capture census (cgguard._data.census): every capture counted per site, in census(), the exit
 summary, the JSON report and cgguard report, on the simulated runtime."""
 
 from __future__ import annotations
@@ -16,11 +16,15 @@ import pytest
 import torch
 
 import cgguard
-from cgguard import _capture, _census, _census_merge, _log, _state
-from cgguard._capture import NO_TORCH, Tracker
-from cgguard._census import Census, CensusWatcher, skip_reason
-from cgguard._ledger import Run
-from cgguard._violations import Reporter
+from cgguard._core import tracker as _capture
+from cgguard._core.tracker import NO_TORCH, Tracker
+from cgguard._data import census as _census
+from cgguard._data import census_merge as _census_merge
+from cgguard._data.census import Census, CensusWatcher, skip_reason
+from cgguard._data.ledger import Run
+from cgguard._gate import state as _state
+from cgguard._reporting import log as _log
+from cgguard._reporting.reporter import Reporter
 from cgguard.testing import simulated_cuda
 
 if TYPE_CHECKING:
@@ -33,7 +37,7 @@ REPLAY = "torch.cuda.graphs.CUDAGraph.replay"
 # Three captures at one site, two at another, the second of them refused. The census's clock
 # is replaced by one that moves STEP seconds at each reading, so that each capture that runs
 # takes exactly STEP seconds (one reading at its begin, one at its end): the census reads it at
-# the begin, and the capture path where it stamps the end (cgguard._watch.Watcher).
+# the begin, and the capture path where it stamps the end (cgguard._core.watch.Watcher).
 PROGRAM = """\
 import json
 import sys
@@ -41,7 +45,8 @@ import sys
 import torch
 
 import cgguard
-from cgguard import _capture, _census
+from cgguard._core import tracker as _capture
+from cgguard._data import census as _census
 
 STEP = float(sys.argv[1])
 ticks = iter(range(1, 1_000_000))
@@ -432,7 +437,7 @@ class _Graph:
 
 
 def path_without_torch(census: Census, probe: Any = None) -> tuple[Any, Any, Any]:
-    """The real capture path (cgguard._capture.Tracker) over _Graph, with a census watcher
+    """The real capture path (cgguard._core.tracker.Tracker) over _Graph, with a census watcher
     whose memory probe is ``probe``: a capture_begin of a graph, capture_end, and the
     capture_begin hook itself (whose caller is the capture's site)."""
     reporter = Reporter(cgguard.Config(mode="log"), Run(census), listeners=[])
@@ -754,7 +759,7 @@ def test_the_reports_entries_follow_each_change_of_their_site(installed: None) -
 def test_a_site_without_a_file_is_an_unknown_site_in_the_merged_text() -> None:
     """cgguard report's text names a capture or a skip whose file is not known "an unknown
     site", as its Markdown does."""
-    from cgguard._census_merge import CensusMerge, site_text, skip_text
+    from cgguard._data.census_merge import CensusMerge, site_text, skip_text
 
     unknown = {
         "file": None,
@@ -815,7 +820,7 @@ def test_a_capture_still_open_when_the_census_is_read_is_in_its_count(installed:
 def test_the_exit_event_shows_the_most_counted_skips_with_their_examples_cut() -> None:
     """The cgguard.census event lists the five most counted skips, each example cut to 200
     characters; its totals, and the census itself, keep every skip whole."""
-    from cgguard import _events
+    from cgguard._reporting import events as _events
 
     census = Census()
     code = test_the_exit_event_shows_the_most_counted_skips_with_their_examples_cut.__code__

@@ -1,12 +1,12 @@
-"""cgguard._checks: which rules a capture attempt or a synchronize breaks, from plain values."""
+"""cgguard._rules.checks: the rules a capture attempt or a synchronize breaks, from plain values."""
 
 from __future__ import annotations
 
 import pytest
 from helpers import thread
 
-from cgguard._checks import Record, find_sync_violation, find_violations
-from cgguard._flags import Disabler
+from cgguard._gate.flags import Disabler
+from cgguard._rules.checks import Record, find_sync_violation, find_violations
 
 CAPTURE_DISABLED, NESTED_CAPTURE, CONCURRENT_CAPTURE = (
     "capture_disabled",

@@ -1,4 +1,4 @@
-"""torch.compile's skipped cudagraphs (cgguard._compile_skips): counted by reason and by the
+"""torch.compile's skipped cudagraphs (cgguard._census.compile_skips): counted by reason and by the
 user's call of the compiled function, from torch's own counter.
 
 One test compiles for real with inductor on CPU (the system's C++ compiler, tens of seconds the
@@ -18,7 +18,7 @@ import torch
 from torch.torch_version import TorchVersion
 
 import cgguard
-from cgguard import _compile_skips
+from cgguard._census import compile_skips as _compile_skips
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -161,7 +161,7 @@ def test_a_module_imported_later_is_hooked_on_import(monkeypatch: pytest.MonkeyP
     """Installed before torch._dynamo.utils is imported: hooked once it is, never imported by
     cgguard itself."""
     monkeypatch.delitem(sys.modules, _compile_skips.MODULE, raising=False)
-    from cgguard import _startup
+    from cgguard._boot import startup as _startup
 
     cgguard.install(cgguard.Config(log_file=os.devnull))
     assert _compile_skips.ON_IMPORT in _startup.pending(_compile_skips.MODULE)

@@ -739,7 +739,7 @@ def test_the_signature_type_checkers_see_is_the_fields() -> None:
     import ast
     import inspect
 
-    from cgguard import _config
+    from cgguard._config import config as _config
 
     tree = ast.parse(inspect.getsource(_config.Config))
     (init,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "__init__"]

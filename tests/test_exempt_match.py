@@ -670,7 +670,7 @@ def test_summary_of_a_run_that_only_exempted_is_info(
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_child_forked_while_another_thread_matches_exemptions_does_not_hang() -> None:
     """A lock another thread held at the fork is the child's own again, so matching goes on."""
-    from cgguard import _state
+    from cgguard._gate import state as _state
 
     install("capture_disabled=cgg_nowhere.")
     exempt = _state.current.reporter.exemptions if _state.current is not None else None
@@ -731,7 +731,8 @@ def test_config_and_file_exemptions_merge_with_one_comparison_per_repeat(
 ) -> None:
     """install() joins 2,000 exemptions of a Config with a file repeating them and adding 2,000
     more: the Config's first, each once, at most one comparison per repeat."""
-    from cgguard import _exempt_syntax, _install
+    from cgguard import _install
+    from cgguard._rules import exempt_syntax as _exempt_syntax
 
     real = _exempt_syntax.parse_entry
     monkeypatch.setattr(_exempt_syntax, "parse_entry", lambda entry: Counted(real(entry)))

@@ -1,4 +1,4 @@
-"""cgguard._exempt_syntax: the syntax of exemptions, as Config, CGGUARD_EXEMPT, a file and the
+"""cgguard._rules.exempt_syntax: the syntax of exemptions, as Config, CGGUARD_EXEMPT, a file and the
 runner take it."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import pytest
 from helpers import DEFAULT_CONFIGURATION, clean_environ
 
 import cgguard
-from cgguard import _exempt_syntax, _settings
-from cgguard._info import _configuration
+from cgguard._commands.info import _configuration
+from cgguard._config import settings as _settings
+from cgguard._rules import exempt_syntax as _exempt_syntax
 
 if TYPE_CHECKING:
     from pathlib import Path

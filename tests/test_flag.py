@@ -8,8 +8,8 @@ import pytest
 from helpers import SourceFile
 
 import cgguard
-from cgguard._frames import render
-from cgguard._state import FLAG
+from cgguard._gate.state import FLAG
+from cgguard._support.frames import render
 
 line_of = SourceFile(__file__).line_of
 

@@ -1,4 +1,4 @@
-"""cgguard._frames: stack snapshots, their rendering to the user's frames, and frames as text.
+"""cgguard._support.frames: stack snapshots, rendered to the user's frames, and frames as text.
 
 Snapshots are taken in a sample module written for each test, on a thread started by
 ``_thread`` so that no frame lies below the sample's ``main``: the rendered stack is known whole.
@@ -21,13 +21,13 @@ import pytest
 from helpers import SourceFile
 
 import cgguard
-from cgguard import _frames
+from cgguard._support import frames as _frames
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from types import ModuleType
 
-    from cgguard._frames import FrameInfo, Snapshot
+    from cgguard._support.frames import FrameInfo, Snapshot
     from tests.conftest import Runtime
 
 SAMPLE = """\
@@ -35,7 +35,7 @@ import contextlib
 import sys
 import weakref
 
-import cgguard._frames as frames
+import cgguard._support.frames as frames
 
 
 def main(target, out, done):
@@ -394,7 +394,7 @@ def test_render_ends_an_exit_stack_entry_at_the_user_s_line(sample: Sample) -> N
 HIDDEN_MANAGER = """\
 import contextlib
 
-import cgguard._frames as frames
+import cgguard._support.frames as frames
 
 
 @contextlib.contextmanager

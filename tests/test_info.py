@@ -1,4 +1,4 @@
-"""cgguard._info: the configuration ``cgguard info`` prints, read from a mapping in-process."""
+"""cgguard._commands.info: the configuration ``cgguard info`` prints, read from a mapping."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 from helpers import DEFAULT_CONFIGURATION
 
-from cgguard._info import _configuration
+from cgguard._commands.info import _configuration
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -74,7 +74,7 @@ def test_the_activation_check_writes_no_report_or_log(tmp_path: Path) -> None:
     """cgguard info's check child neither replaces the configured report nor logs to its file."""
     import io
 
-    from cgguard._info import report
+    from cgguard._commands.info import report
 
     held = tmp_path / "report.json"
     held.write_text('{"violations": ["the run\'s"]}\n')

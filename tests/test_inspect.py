@@ -19,8 +19,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import cgguard
-from cgguard import _inspect, _liveness
-from cgguard._sync_ops import SYNC_OPS, syncs
+from cgguard._inspect import inspector as _inspect
+from cgguard._inspect import liveness as _liveness
+from cgguard._inspect.sync_ops import SYNC_OPS, syncs
 from cgguard.testing import capture_violations, simulated_cuda
 from cgguard.testing._simcuda import SimulatedCudaError
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
     from conftest import Runtime
 
-    from cgguard._schema import ViolationEvent
+    from cgguard._data.schema import ViolationEvent
 
 HERE = __file__
 REPLAY_HOOK = "torch.cuda.graphs.CUDAGraph.replay"

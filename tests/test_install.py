@@ -16,11 +16,11 @@ import wrapt
 from helpers import SourceFile, patched_count, standin_hooks, torch_entry_points, tracker
 
 import cgguard
-from cgguard import _patches
+from cgguard._core import patches as _patches
+from cgguard._gate.profiles import ProfileInfo
+from cgguard._gate.state import FLAG
+from cgguard._gate.windows import WindowInfo
 from cgguard._install import CaptureInfo
-from cgguard._profiles import ProfileInfo
-from cgguard._state import FLAG
-from cgguard._windows import WindowInfo
 from cgguard.testing import _simcuda, active_simulation, simulated_cuda
 
 ENTRY_POINTS = torch_entry_points()
@@ -281,7 +281,7 @@ def test_installing_twice_before_torch_leaves_no_hook_after_uninstall() -> None:
     """Two installs before ``import torch`` register one hook, which uninstall() removes."""
     out = run_python(
         """
-        import sys, cgguard, cgguard._startup as h
+        import sys, cgguard, cgguard._boot.startup as h
         cgguard.install()
         cgguard.install(cgguard.Config(mode="log"))
         cgguard.uninstall()

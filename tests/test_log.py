@@ -1,4 +1,4 @@
-"""cgguard._log: violation events rendered by cgguard's own structlog chain, then written."""
+"""cgguard._reporting.log: violation events rendered by cgguard's own structlog chain, written."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import structlog
 import structlog.testing
 
-from cgguard._log import EventLog
+from cgguard._reporting.log import EventLog
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, MutableMapping
@@ -438,11 +438,12 @@ def test_host_structlog_configuration_is_neither_read_nor_changed(
 
 @pytest.mark.subprocess
 def test_structlog_is_imported_at_the_first_emit() -> None:
-    """Importing cgguard._log does not import structlog; the first emit does."""
+    """Importing cgguard._reporting.log does not import structlog; the first emit does."""
     script = (
-        "import sys, cgguard._log\n"
+        "import sys, cgguard._reporting.log\n"
         "print('structlog' in sys.modules)\n"
-        "cgguard._log.EventLog(log_format='json').emit({'event': 'e', 'level': 'error'})\n"
+        "cgguard._reporting.log.EventLog(log_format='json')"
+        ".emit({'event': 'e', 'level': 'error'})\n"
         "print('structlog' in sys.modules)\n"
     )
     result = subprocess.run(
@@ -454,7 +455,7 @@ def test_structlog_is_imported_at_the_first_emit() -> None:
 
 def test_a_short_write_is_finished(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """write(2) writing fewer bytes than asked (a disk nearly full): the line is finished."""
-    import cgguard._log as log_module
+    import cgguard._reporting.log as log_module
 
     real_write = os.write
 
@@ -474,7 +475,7 @@ def test_a_write_that_cannot_finish_warns_and_goes_to_stderr(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """write(2) that writes nothing: one warning naming the file, and the event on stderr."""
-    import cgguard._log as log_module
+    import cgguard._reporting.log as log_module
 
     path = tmp_path / "events.jsonl"
     log = EventLog("json", str(path))
@@ -509,7 +510,7 @@ def test_a_line_cut_by_a_full_disk_is_ended(
     process's line in a shared file still parses."""
     import errno
 
-    import cgguard._log as log_module
+    import cgguard._reporting.log as log_module
 
     real_write = os.write
     calls: list[int] = []

@@ -1,5 +1,5 @@
-"""Fleet metrics (cgguard._metrics) with the real prometheus_client: scraped over HTTP from a
-guarded process, and summed across processes by its multiprocess collector; the numbers are
+"""Fleet metrics (cgguard._reporting.metrics) with the real prometheus_client: scraped over HTTP
+from a guarded process, and summed across processes by its multiprocess collector; the numbers are
 the JSON report's."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import cgguard
-from cgguard import _metrics
+from cgguard._reporting import metrics as _metrics
 
 if TYPE_CHECKING:
     from pathlib import Path

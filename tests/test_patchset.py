@@ -1,4 +1,4 @@
-"""cgguard._patchset: every attribute cgguard replaces is put back exactly, one way for all."""
+"""cgguard._support.patchset: each attribute cgguard replaces is put back exactly, one way."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from cgguard._patchset import PatchSet
+from cgguard._support.patchset import PatchSet
 
 
 class Base:

@@ -19,7 +19,7 @@ import pytest
 from helpers import SourceFile
 
 import cgguard
-from cgguard._windows import WindowInfo
+from cgguard._gate.windows import WindowInfo
 from cgguard.testing import capture_violations
 
 if TYPE_CHECKING:
@@ -448,7 +448,7 @@ def test_a_declared_window_on_a_profiles_function_is_one_wrapper(
         plugin.serve()
     cgguard.uninstall()
     runner.start()  # the function put back: nothing of cgguard's runs, nothing is followed
-    from cgguard import _state
+    from cgguard._gate import state as _state
 
     put_back = vars(runner.GPUModelRunner)["capture_model"] is original
     assert (both, kept, put_back, _state.FOLLOWED) == (2, ["watched"], True, [])

@@ -647,7 +647,7 @@ IDLE["test_idle"] = f"""
     def test_idle():
         assert [] == sorted(m for m in {HEAVY!r} if m in sys.modules)
         import cgguard
-        from cgguard._state import LISTENERS
+        from cgguard._gate.state import LISTENERS
 
         assert (False, []) == (cgguard.is_installed(), LISTENERS)
 """

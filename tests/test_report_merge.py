@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from helpers import SourceFile, clean_environ
 
-from cgguard._cli import main
+from cgguard._commands.main import main
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -21,15 +21,20 @@ import pytest
 from helpers import DISABLED_SENTENCE, SourceFile, run_seen, tracker
 
 import cgguard
-from cgguard import _events, _report_file, _schema, _state, _threads, _warn
-from cgguard._frames import snapshot
+from cgguard._gate import state as _state
+from cgguard._reporting import events as _events
+from cgguard._reporting import report_file as _report_file
+from cgguard._support import threads as _threads
+from cgguard._support import warn as _warn
+from cgguard._support.frames import snapshot
 from cgguard.testing import capture_violations
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-    from cgguard._frames import Snapshot
+    from cgguard._data import schema as _schema
+    from cgguard._support.frames import Snapshot
     from cgguard.testing import SimulatedCuda
 
 API = "torch.cuda.graph"
@@ -65,9 +70,9 @@ import sys
 import threading
 
 import cgguard
-from cgguard._frames import snapshot
-from cgguard import _state
-from cgguard._capture import NO_TORCH, Tracker
+from cgguard._support.frames import snapshot
+from cgguard._gate import state as _state
+from cgguard._core.tracker import NO_TORCH, Tracker
 
 
 def check(stack):
@@ -1075,7 +1080,7 @@ def test_a_process_without_violations_keeps_its_run_s_report(
 ) -> None:
     """A report holding the violations of another process of the same run (a path without
     {pid}) is not replaced by an empty one at exit or uninstall."""
-    from cgguard._report_file import OWNER
+    from cgguard._reporting.report_file import OWNER
 
     report = tmp_path / "report.json"
     held = {"pid": 1, "job": "0123abcd", "totals": {"nested_capture": 3}, "violations": [{}]}
@@ -1215,7 +1220,7 @@ def test_no_thread_to_be_had_writes_the_report_in_place(
 ) -> None:
     """Where no thread can be started (a container's process limit), the report is written by
     the capturing thread, one line says so, and uninstall() still works."""
-    from cgguard import _report_file as report_module
+    from cgguard._reporting import report_file as report_module
 
     def no_thread(self: threading.Thread) -> None:
         raise RuntimeError("can't start new thread")
@@ -1241,7 +1246,7 @@ MANY_SITES_WORKER = (
     + """
 import multiprocessing
 
-from cgguard import _report_file
+from cgguard._reporting import report_file as _report_file
 
 
 def child():

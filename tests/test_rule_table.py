@@ -1,14 +1,14 @@
-"""cgguard._rules: one table of rules, from which every other place that names a rule derives."""
+"""cgguard._rules.table: one table of rules, from which every other place naming a rule derives."""
 
 from __future__ import annotations
 
 import pytest
 
 import cgguard
-from cgguard import _settings
-from cgguard._log import format_stacks
-from cgguard._rules import NAMES, RULES
-from cgguard._runner import run_parser
+from cgguard._commands.run import run_parser
+from cgguard._config import settings as _settings
+from cgguard._reporting.log import format_stacks
+from cgguard._rules.table import NAMES, RULES
 from cgguard.pytest_plugin import _unknown_rules
 
 EXCEPTIONS = {

@@ -31,14 +31,14 @@ from helpers import (
 )
 
 import cgguard
-from cgguard._runner import BOOT_DIR, program_environ, run_parser
-from cgguard._settings import BOOL, PATH, SETTINGS
+from cgguard._commands.run import BOOT_DIR, program_environ, run_parser
+from cgguard._config.settings import BOOL, PATH, SETTINGS
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from pathlib import Path
 
-    from cgguard._settings import Setting
+    from cgguard._config.settings import Setting
 
 pytestmark = pytest.mark.subprocess
 
@@ -614,7 +614,7 @@ def test_interpreter_flags_carry_to_the_program(
 # Starts the runner from a script of its own, so that python's ``--`` can come before it.
 LAUNCHER = """\
 import sys
-from cgguard._cli import main
+from cgguard._commands.main import main
 sys.exit(main())
 """
 

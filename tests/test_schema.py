@@ -1,4 +1,4 @@
-"""cgguard._schema: the events' and the report's TypedDicts, and the one check of a parsed
+"""cgguard._data.schema: the events' and the report's TypedDicts, and the one check of a parsed
 JSON value against them."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Annotated, Any, TypedDict
 
 import pytest
 
-from cgguard import _schema
-from cgguard._frames import FrameInfo  # noqa: TC001 - Sample's annotations are read at run time
-from cgguard._schema import AtLeast, problem
+from cgguard._data import schema as _schema
+from cgguard._data.schema import AtLeast, problem
+from cgguard._support.frames import FrameInfo  # noqa: TC001 - Sample's annotations are read at run time
 
 
 class _Optional(TypedDict, total=False):
@@ -97,7 +97,7 @@ def test_a_value_off_the_schema_says_where_and_what(value: object, expected: str
 
 
 def test_every_schema_type_is_one_the_check_knows() -> None:
-    """Each TypedDict of cgguard._schema can be checked: a change to one is a change to what
+    """Each TypedDict of cgguard._data.schema can be checked: a change to one is a change to what
     cgguard report accepts, with no second description to keep in step."""
     schemas = [
         value
@@ -150,7 +150,7 @@ def test_the_schema_is_read_without_typing_extensions() -> None:
     report is still checked."""
     code = (
         "import sys; sys.modules['typing_extensions'] = None\n"
-        "from cgguard._schema import ReportDocument, problem\n"
+        "from cgguard._data.schema import ReportDocument, problem\n"
         "print(problem({'cgguard': '0.1.0'}, ReportDocument))\n"
     )
     result = subprocess.run(

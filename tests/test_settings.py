@@ -1,4 +1,4 @@
-"""cgguard._settings: each setting, its CGGUARD_* variable and spellings; a cheap start-up path."""
+"""cgguard._config.settings: each setting, its CGGUARD_* variable and spellings; cheap start-up."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 import pytest
 from helpers import clean_environ
 
-from cgguard import _settings
-from cgguard._rules import ACTIONS
+from cgguard._config import settings as _settings
+from cgguard._rules.table import ACTIONS
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -200,16 +200,19 @@ def _modules_after(code: str) -> set[str]:
 
 @pytest.mark.subprocess
 def test_import_adds_no_heavy_modules() -> None:
-    """Importing cgguard._settings loads only it, the rule table, the exceptions and the
+    """Importing cgguard._config.settings loads only it, the rule table, the exceptions and the
     start-up module that names CGGUARD_ENABLED: no typing."""
     bare = _modules_after("pass")
-    imported = _modules_after("import cgguard._settings")
+    imported = _modules_after("import cgguard._config.settings")
     assert {
         "cgguard",
-        "cgguard._settings",
-        "cgguard._rules",
+        "cgguard._boot",
+        "cgguard._boot.startup",
+        "cgguard._config",
+        "cgguard._config.settings",
         "cgguard._errors",
-        "cgguard._startup",
+        "cgguard._rules",
+        "cgguard._rules.table",
     } == imported - bare
 
 
@@ -239,7 +242,7 @@ def test_the_pth_line_spells_off_as_the_parser_does() -> None:
 
 def test_runner_options_are_the_settings() -> None:
     """Each setting is one runner option: a value, or a switch away from its default."""
-    from cgguard._runner import program_environ, run_parser
+    from cgguard._commands.run import program_environ, run_parser
 
     options = run_parser().parse_args(
         [
@@ -523,13 +526,17 @@ def test_exemptions_at_start_up_load_only_the_standard_library(tmp_path: Path) -
     expected = (
         [
             "cgguard",
+            "cgguard._boot",
+            "cgguard._boot.startup",
+            "cgguard._config",
+            "cgguard._config.settings",
             "cgguard._errors",
-            "cgguard._exempt_syntax",
             "cgguard._rules",
-            "cgguard._settings",
-            "cgguard._startup",
-            "cgguard._text",
-            "cgguard._warn",
+            "cgguard._rules.exempt_syntax",
+            "cgguard._rules.table",
+            "cgguard._support",
+            "cgguard._support.text",
+            "cgguard._support.warn",
         ],
         f"cgguard: ignoring the exemption 'oops' in {str(path)!r} line 2: not RULE=PLACE; an "
         "entry is RULE=PLACE, PLACE a module (torch._inductor.), a file glob with a '/' "

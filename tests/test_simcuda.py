@@ -459,7 +459,7 @@ def test_capture_end_without_capture_refused(sim: SimulatedCuda) -> None:
 
 def test_standins_lead_to_the_real_classes(sim: SimulatedCuda) -> None:
     """Each stand-in is a class of cgguard's whose first torch base is torch's real class."""
-    from cgguard._patches import real_class
+    from cgguard._core.patches import real_class
 
     standins = [torch.cuda.CUDAGraph, torch.cuda.Stream, torch.cuda.Event]
     assert [real_class(cls) for cls in standins] == [REAL_GRAPH, REAL_STREAM, REAL_EVENT]

@@ -1,4 +1,4 @@
-"""The post-import hook in cgguard._startup: callbacks after a module's import, never before."""
+"""The post-import hook (cgguard._boot.startup): callbacks after a module's import, never before."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from cgguard import _startup, _warn
+from cgguard._boot import startup as _startup
+from cgguard._support import warn as _warn
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -208,7 +209,7 @@ def test_a_hook_named_by_string_is_imported_only_when_it_fires(modules: Modules)
 
 
 def test_startup_imports_nothing_of_cgguard_above_it() -> None:
-    """cgguard._startup's own imports are the standard library's: start-up never imports upward."""
+    """cgguard._boot.startup imports the standard library alone: start-up never imports upward."""
     import ast
     from pathlib import Path
 
@@ -226,9 +227,9 @@ def test_startup_imports_nothing_of_cgguard_above_it() -> None:
     # variables from here, is named as a hook is and imported when there is work for it.
     assert (top_level, sorted(set(inside))) == (
         ["_thread", "os", "sys"],
-        ["cgguard._warn"],
+        ["cgguard._support.warn"],
     )
-    assert _startup.CHECK_ENVIRONMENT == "cgguard._settings:activation_says_on"
+    assert _startup.CHECK_ENVIRONMENT == "cgguard._config.settings:activation_says_on"
 
 
 def test_an_exemptions_file_is_parsed_once_from_start_up_to_install(
@@ -239,7 +240,9 @@ def test_an_exemptions_file_is_parsed_once_from_start_up_to_install(
     import torch
 
     import cgguard
-    from cgguard import _activation, _exempt_syntax, _settings
+    from cgguard import _activation
+    from cgguard._config import settings as _settings
+    from cgguard._rules import exempt_syntax as _exempt_syntax
 
     path = tmp_path / "exemptions"
     path.write_text("capture_disabled=pkg.mod:Kernel.run\noops\nnested_capture=*/kernels.py\n")

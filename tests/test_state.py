@@ -1,12 +1,12 @@
-"""cgguard._state: the process's own state, and the one reset that puts it back."""
+"""cgguard._gate.state: the process's own state, and the one reset that puts it back."""
 
 from __future__ import annotations
 
 import types
 
 import cgguard
-from cgguard import _state
-from cgguard._flags import FlagSource
+from cgguard._gate import state as _state
+from cgguard._gate.flags import FlagSource
 
 
 def test_reset_puts_the_process_back_as_it_starts() -> None:

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import cgguard
-from cgguard._state import FLAG
+from cgguard._gate.state import FLAG
 from cgguard.testing import capture_violations, simulated_cuda
 
 pytestmark = pytest.mark.simulated

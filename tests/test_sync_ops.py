@@ -1,4 +1,4 @@
-"""cgguard._sync_ops: the table of ops that wait for the device, and each entry's condition,
+"""cgguard._inspect.sync_ops: the table of ops that wait for the device, and each entry's condition,
 checked on plain stand-ins for tensors (no torch)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from cgguard._sync_ops import SYNC_OPS, syncs
+from cgguard._inspect.sync_ops import SYNC_OPS, syncs
 
 
 class Fake:

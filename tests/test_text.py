@@ -1,11 +1,11 @@
-"""cgguard._text: text from elsewhere shown escaped, as repr() escapes it, to a terminal and
+"""cgguard._support.text: text from elsewhere shown escaped, as repr() escapes it, to a terminal and
 in Markdown."""
 
 from __future__ import annotations
 
 import pytest
 
-from cgguard._text import markdown, safe, shown
+from cgguard._support.text import markdown, safe, shown
 
 
 @pytest.mark.parametrize(

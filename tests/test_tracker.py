@@ -11,17 +11,18 @@ import pytest
 from helpers import DISABLED_SENTENCE, SourceFile, thread, tracker
 
 import cgguard
-from cgguard import _capture, _state
-from cgguard._capture import NO_TORCH, Tracker
-from cgguard._flags import Disabler
+from cgguard._core import tracker as _capture
+from cgguard._core.tracker import NO_TORCH, Tracker
+from cgguard._data.ledger import Run
+from cgguard._gate import state as _state
+from cgguard._gate.flags import Disabler
+from cgguard._gate.state import FLAG, LISTENERS
 from cgguard._install import CaptureInfo
-from cgguard._ledger import Run
-from cgguard._state import FLAG, LISTENERS
-from cgguard._threads import this_thread
-from cgguard._violations import Reporter
+from cgguard._reporting.reporter import Reporter
+from cgguard._support.threads import this_thread
 
 if TYPE_CHECKING:
-    from cgguard._checks import Record
+    from cgguard._rules.checks import Record
 
 CAPTURE_DISABLED, NESTED_CAPTURE, CONCURRENT_CAPTURE = (
     "capture_disabled",
@@ -536,7 +537,7 @@ def test_a_report_that_cannot_be_built_still_refuses(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], events: list[object]
 ) -> None:
     """Refusal is decided before reporting: a failure while building the event still raises."""
-    from cgguard import _events
+    from cgguard._reporting import events as _events
 
     def broken(*args: object, **kwargs: object) -> object:
         raise LookupError("report bug")
@@ -565,7 +566,7 @@ def test_a_report_that_cannot_be_built_lets_a_logged_violation_through(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """In log mode the same failure is a warning and the capture goes on."""
-    from cgguard import _events
+    from cgguard._reporting import events as _events
 
     def broken(*args: object, **kwargs: object) -> object:
         raise LookupError("report bug")
@@ -661,7 +662,7 @@ def test_each_kind_of_internal_error_gets_its_own_warning(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A failing check, a failing synchronize check and a failing report: three lines, not one."""
-    from cgguard import _events
+    from cgguard._reporting import events as _events
 
     def broken(name: str) -> Any:
         def fail(*args: object, **kwargs: object) -> None:

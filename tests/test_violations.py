@@ -1,4 +1,4 @@
-"""cgguard._violations: a reporter retired by a reconfiguration hands violations to its
+"""cgguard._reporting.reporter: a reporter retired by a reconfiguration hands violations to its
 successor, and closes its log only once no violation is in flight through it."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import cgguard
-from cgguard._flags import Disabler
-from cgguard._ledger import Run
-from cgguard._log import EventLog
-from cgguard._violations import Reporter
+from cgguard._data.ledger import Run
+from cgguard._gate.flags import Disabler
+from cgguard._reporting.log import EventLog
+from cgguard._reporting.reporter import Reporter
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -110,7 +110,7 @@ def test_an_older_configurations_final_report_never_replaces_a_newer_ones(
     once the violation leaves, the file holds the latest configuration, not the first."""
     from helpers import tracker
 
-    from cgguard import _state
+    from cgguard._gate import state as _state
 
     def config(n: int, report: str) -> cgguard.Config:
         log = str(tmp_path / f"log{n}")
@@ -140,8 +140,8 @@ def test_counts_made_while_switching_to_the_same_report_reach_it(tmp_path: Path)
 
     from helpers import tracker
 
-    from cgguard import _state
-    from cgguard._threads import this_thread
+    from cgguard._gate import state as _state
+    from cgguard._support.threads import this_thread
 
     report = tmp_path / "r.json"
 
@@ -176,7 +176,7 @@ def test_switching_configuration_does_not_wait_on_a_listener_that_asks_for_statu
 
     from helpers import tracker
 
-    from cgguard import _state
+    from cgguard._gate import state as _state
 
     inside, waited = threading.Event(), []
 

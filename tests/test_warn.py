@@ -1,10 +1,10 @@
-"""cgguard._warn: one stderr line per trouble, once, and never an enormous one."""
+"""cgguard._support.warn: one stderr line per trouble, once, and never an enormous one."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cgguard._warn import warn_once
+from cgguard._support.warn import warn_once
 
 if TYPE_CHECKING:
     import pytest

@@ -1,5 +1,5 @@
-"""Watchers (cgguard._watch): what the capture path tells them, once per capture, and the replay
-hook that exists only while one of them wants replays."""
+"""Watchers (cgguard._core.watch): what the capture path tells them, once per capture, and the
+replay hook that exists only while one of them wants replays."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import pytest
 import torch
 
 import cgguard
-from cgguard import _state
-from cgguard._watch import ABANDONED, ENDED, FAILED, Watcher
+from cgguard._core.watch import ABANDONED, ENDED, FAILED, Watcher
+from cgguard._gate import state as _state
 from cgguard.testing import simulated_cuda
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from cgguard._checks import Record
+    from cgguard._rules.checks import Record
 
 pytestmark = pytest.mark.simulated
 
@@ -318,7 +318,7 @@ def test_replays_are_watched_by_a_watcher_set_before_torch_was_patched() -> None
         installation.watch((replays,))
         installation.tracker = tracker
         assert REPLAY not in cgguard.status().patched
-        from cgguard._patches import patch_device_sync
+        from cgguard._core.patches import patch_device_sync
 
         patch_device_sync(installation)  # what patch_torch ends with
         assert REPLAY in cgguard.status().patched

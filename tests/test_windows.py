@@ -16,7 +16,7 @@ import pytest
 from helpers import DEFAULT_CONFIGURATION, SourceFile, clean_environ
 
 import cgguard
-from cgguard._windows import WindowInfo
+from cgguard._gate.windows import WindowInfo
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -378,7 +378,7 @@ def test_uninstall_puts_back_and_reconfiguring_swaps_the_windows(fw: Path, cuda:
 def test_no_window_entered_keeps_the_capture_path_as_it_was(fw: Path) -> None:
     """Declared and not yet entered, function windows add nothing to what the capture path
     reads: no followed source at all."""
-    from cgguard import _state
+    from cgguard._gate import state as _state
 
     cgguard.install(cgguard.Config(windows=WINDOW, vllm_bridge=False))
     modules()
@@ -387,7 +387,7 @@ def test_no_window_entered_keeps_the_capture_path_as_it_was(fw: Path) -> None:
 
 def test_cgguard_info_shows_the_windows() -> None:
     """cgguard info lists each window from CGGUARD_WINDOW, and warns of a bad one."""
-    from cgguard._info import _configuration
+    from cgguard._commands.info import _configuration
 
     environ = {"CGGUARD_WINDOW": f"{WINDOW},fw.runner:FLAG,oops"}
     expected = [

@@ -12,14 +12,14 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from cgguard import _install
-from cgguard._state import LISTENERS
+from cgguard._gate.state import LISTENERS
 from cgguard.testing import _simcuda
 from cgguard.testing._simcuda import SimulatedCuda, SimulatedCudaError, SimulationError
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from cgguard._schema import ViolationEvent
+    from cgguard._data.schema import ViolationEvent
 
 __all__ = [
     "SimulatedCuda",
@@ -76,7 +76,7 @@ def start_session_simulation() -> None:
     """The simulated runtime for the rest of the process (CGGUARD_SIMULATE_CUDA activation)."""
     import atexit
 
-    from cgguard._warn import warn_once
+    from cgguard._support.warn import warn_once
 
     global _session
     if _session is not None:

@@ -33,8 +33,8 @@ def main() -> int:
     import torch
 
     import cgguard
-    from cgguard._census_merge import site_text
-    from cgguard._events import census_line, census_totals
+    from cgguard._data.census_merge import site_text
+    from cgguard._reporting.events import census_line, census_totals
     from cgguard.testing import simulated_cuda
 
     device = torch.cuda.is_available()

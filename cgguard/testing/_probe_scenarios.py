@@ -99,8 +99,8 @@ class Scene:
         # Told of each kernel work() launches, where the runtime cannot see it (the simulation
         # sees no CPU tensor's work).
         self.launched = launched
-        # Told of each op that waits for the device (cgguard._sync_ops), just before it runs,
-        # where the runtime cannot see it: a CPU op waits for nothing, so the simulation is
+        # Told of each op that waits for the device (cgguard._inspect.sync_ops), just before it
+        # runs, where the runtime cannot see it: a CPU op waits for nothing, so the simulation is
         # told, as cgguard's inspection tells it of an implicit synchronize it lets through.
         self.synced = synced
         self.x: Any = self.torch.zeros(4, device=device)

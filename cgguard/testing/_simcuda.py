@@ -10,9 +10,9 @@ import threading
 import warnings
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cgguard import _inspect
 from cgguard._errors import CgguardError
-from cgguard._patchset import PatchSet
+from cgguard._inspect import inspector as _inspect
+from cgguard._support.patchset import PatchSet
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Iterator
@@ -189,7 +189,7 @@ class SimulatedCuda:
             self._note_locked(name, *args)
 
     def implicit_sync(self, op: str) -> None:
-        """An op that waits for the device (cgguard._sync_ops) on a tensor that stands for a
+        """An op that waits for the device (cgguard._inspect.sync_ops) on a tensor that stands for a
         device tensor, let through during a capture: fail it, as CUDA fails it.
 
         On CUDA such an op ends in cudaStreamSynchronize on the current stream (or a
@@ -689,7 +689,7 @@ def _event_new(
 def _standin(name: str, real: type, bases: tuple[type, ...], new: Callable[..., Any]) -> type:
     # Built with type() because the real classes only exist once torch is imported. The backend
     # comes last, so torch's super() calls (CPU builds) or the copied layer's (CUDA builds) reach
-    # it. _cgguard_stands_for names torch's class for cgguard._patches.real_class, which a
+    # it. _cgguard_stands_for names torch's class for cgguard._core.patches.real_class, which a
     # stand-in on a CUDA build does not extend.
     backend = bases[-1]
     return type(

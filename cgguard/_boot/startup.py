@@ -1,0 +1,223 @@
+"""Start-up: activation without code changes, and the post-import hook it rests on.
+
+``activate()`` is called by the ``cgguard.pth`` line that the package installs into
+site-packages, and by the bootstrap ``sitecustomize`` (cgguard/_sitecustomize, and
+sitecustomize_example). Until torch is imported, an activation with CGGUARD_ENABLED=1 alone
+loads this module and cgguard's package, nothing else; then the hook named
+``cgguard._activation:on_torch_import`` builds the configuration and patches torch.
+
+``when_imported()`` is cgguard's own post-import hook: wrapt has one, but importing wrapt costs
+more than a whole interpreter start-up. Hooks may be registered by name (``"module:function"``),
+so that this module imports nothing of cgguard above it: the name is resolved when it fires.
+"""
+
+# On the start-up path of every activated process: standard library only, no ``typing`` or
+# ``__future__`` at runtime, and cgguard's other modules only when there is work for them.
+import _thread
+import os
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Any
+
+    Hook = Callable[[ModuleType], None] | str
+
+ENABLED = "CGGUARD_ENABLED"
+ON_TORCH_IMPORT = "cgguard._activation:on_torch_import"
+# CGGUARD_ENABLED parsed, and every other CGGUARD_* value checked, where it is not plainly "1".
+CHECK_ENVIRONMENT = "cgguard._config.settings:activation_says_on"
+
+# How this process was activated ("pth", "sitecustomize"; None if not): the one fact activation
+# keeps, here rather than on the installation, so that an idle activation loads nothing more.
+activated_by: "str | None" = None
+
+
+def activate(origin: str, *, default: bool = False) -> bool:
+    """Activate cgguard in this process if the environment asks for it; never raises.
+
+    ``origin`` names the caller ("pth", "sitecustomize"). CGGUARD_ENABLED decides; when it is
+    unset, ``default`` does. Returns whether cgguard is active. Idempotent: the .pth, a
+    sitecustomize and an explicit install() together patch once.
+    """
+    global activated_by
+    try:
+        # CGGUARD_ENABLED=1 and nothing else, the production case, is decided without loading
+        # the parser; anything else is checked, so that a typo is reported at start even by a
+        # process that never imports torch.
+        plain = os.environ.get(ENABLED) == "1" and not any(
+            name.startswith("CGGUARD_") and name != ENABLED for name in os.environ
+        )
+        # Resolved by name, as the post-import hooks are: this module imports nothing of
+        # cgguard above it, so that the settings can name their variables from here.
+        if not plain and not _resolve(CHECK_ENVIRONMENT)(default):
+            return False
+        if activated_by is None:
+            activated_by = origin
+            if "torch" in sys.modules:
+                _resolve(ON_TORCH_IMPORT)(sys.modules["torch"])
+            else:
+                when_imported("torch", ON_TORCH_IMPORT)
+        return True
+    except Exception as exc:
+        _warn("activate", f"could not activate, captures are not guarded: {exc!r}")
+        return False
+
+
+def _warn(key: str, message: str) -> None:
+    from cgguard._support.warn import warn_once
+
+    warn_once(key, message)
+
+
+# The post-import hook. The registry is read by whichever thread imports a watched module, and
+# written by install(), uninstall() and follow_flag() on any thread: it is kept under a lock, and
+# callbacks run outside it, since a callback may import, and so re-enter the finder.
+
+_lock = _thread.allocate_lock()
+_callbacks: "dict[str, list[Hook]]" = {}
+
+
+class _PostImportFinder:
+    """A meta path finder that finds nothing itself: it wraps the spec the others find."""
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: "Sequence[str] | None" = None,
+        target: "ModuleType | None" = None,
+    ) -> "ModuleSpec | None":
+        if not _callbacks.get(fullname):
+            return None
+        spec: ModuleSpec | None = None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                break
+        if spec is None:
+            return None
+        loader: Any = spec.loader
+        exec_module = getattr(loader, "exec_module", None)
+        if exec_module is None or isinstance(loader, type):
+            return spec  # no per-import loader object to hook: the import goes on unchanged
+
+        def exec_then_notify(module: "ModuleType") -> None:
+            # Undo the instance attribute first: a loader object may be reused.
+            loader.__dict__.pop("exec_module", None)
+            exec_module(module)
+            _notify(fullname, module)
+
+        try:
+            loader.exec_module = exec_then_notify
+        except (AttributeError, TypeError):
+            return spec  # a loader without instance attributes: no hook, import unchanged
+        return spec
+
+
+_finder = _PostImportFinder()
+
+
+def when_imported(name: str, hook: "Hook") -> None:
+    """Call ``hook(module)`` once ``name`` has been imported by someone else.
+
+    ``hook`` is a callable or the name of one, ``"package.module:function"``, imported only
+    when it fires. Only registers: a caller that wants "now, if already imported" checks
+    sys.modules itself.
+    """
+    with _lock:
+        pending = _callbacks.setdefault(name, [])
+        if hook not in pending:
+            pending.append(hook)
+        if _finder not in sys.meta_path:
+            sys.meta_path.insert(0, _finder)
+
+
+def is_initializing(module: "ModuleType") -> bool:
+    """Whether ``module`` is still being executed by its import: listed in sys.modules, its
+    names not all defined yet (a post-import hook on torch can fire inside it)."""
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+def when_initialized(module: "ModuleType", hook: "Callable[[ModuleType], object]") -> None:
+    """Call ``hook(module)`` once the import executing ``module`` now has finished.
+
+    The import system marks the end on the module's spec (``spec._initializing = False``, in
+    a ``finally``), so the spec's class is swapped for one that sees that assignment: nothing
+    else is changed, and the spec is its own class again at once. A failed import calls no
+    hook: the module is no longer in sys.modules then.
+    """
+    spec: Any = module.__spec__
+    base: Any = type(spec)
+
+    class _Finishing(base):  # type: ignore[misc]  # importlib's ModuleSpec, whatever it is
+        def __setattr__(self, name: str, value: object) -> None:
+            base.__setattr__(self, name, value)
+            if name == "_initializing" and not value:
+                self.__class__ = base
+                if sys.modules.get(module.__name__) is module:
+                    try:
+                        hook(module)
+                    except Exception as exc:
+                        _warn(
+                            f"hook:{module.__name__}",
+                            f"error after importing {module.__name__}, ignored: {exc!r}",
+                        )
+
+    spec.__class__ = _Finishing
+
+
+def cancel(name: str, hook: "Hook") -> None:
+    """Forget a hook registered with when_imported(), if it has not run yet."""
+    with _lock:
+        pending = _callbacks.get(name, [])
+        if hook in pending:
+            pending.remove(hook)
+        _retire_finder()
+
+
+def pending(name: str) -> "list[Hook]":
+    """The hooks still waiting for ``name``'s import."""
+    with _lock:
+        return list(_callbacks.get(name, []))
+
+
+def _notify(name: str, module: "ModuleType") -> None:
+    with _lock:
+        hooks = _callbacks.pop(name, [])
+        _retire_finder()
+    for hook in hooks:
+        # A hook's failure must not become the failure of the user's import.
+        try:
+            (_resolve(hook) if isinstance(hook, str) else hook)(module)
+        except Exception as exc:
+            _warn(f"hook:{name}", f"error after importing {name}, ignored: {exc!r}")
+
+
+def _resolve(hook: str) -> "Callable[..., Any]":
+    module, _, function = hook.partition(":")
+    # The import statement's own machinery: importlib's package would cost an idle start-up.
+    __import__(module)
+    found: Callable[..., Any] = getattr(sys.modules[module], function)
+    return found
+
+
+def _retire_finder() -> None:
+    # With nothing left to wait for, every later import skips cgguard entirely. Under _lock.
+    if not any(_callbacks.values()) and _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)
+
+
+def _new_lock() -> None:
+    # A forked child has only the forking thread: a lock another thread held stays held.
+    global _lock
+    _lock = _thread.allocate_lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX, where CUDA graphs run
+    os.register_at_fork(after_in_child=_new_lock)

@@ -1,0 +1,2 @@
+"""The command line: ``cgguard run``, ``cgguard info`` and ``cgguard report``, one module each,
+and ``main``."""

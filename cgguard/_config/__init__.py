@@ -1,0 +1,1 @@
+"""Configuration: the table of settings with the one parser of the environment, and ``Config``."""

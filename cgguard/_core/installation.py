@@ -1,0 +1,117 @@
+"""One installation: how it answers violations, what it put on torch, and its capture path."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from cgguard._data.ledger import Run
+from cgguard._reporting.report_file import ReportFile
+from cgguard._reporting.reporter import Reporter
+from cgguard._rules.exempt_match import Exemptions
+from cgguard._support.patchset import PatchSet, describe
+
+if TYPE_CHECKING:
+    from cgguard._core.tracker import Tracker
+    from cgguard._core.watch import Watcher
+
+
+class Installation:
+    """One install(): how violations are answered, what torch carries, and the capture path.
+
+    The reporter is built whole from a configuration and swapped in whole (``use``); the run it
+    counts into is kept across every swap. The tracker exists once torch is patched.
+    """
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter = reporter
+        self.tracker: Tracker | None = None
+        # What cgguard._core.patches put on torch: its entry points, and torch._C._cuda_synchronize,
+        # which comes and goes with the simulated runtime on CPU builds.
+        self.patches = PatchSet()
+        # The simulation may remove its synchronize first: then there is nothing to put back.
+        # Also the hooks on its stand-ins where they do not extend torch's classes (CUDA builds).
+        self.device_sync = PatchSet(keep_newer=True)
+        # What follows each capture beyond the rules (cgguard._core.watch), as the configuration
+        # asks; and the hook on CUDAGraph.replay, in place only while one of them wants it.
+        self.watchers: tuple[Watcher, ...] = ()
+        self.replay = PatchSet()
+        # Where replay lands, as cgguard._core.patches found it: torch's CUDAGraph, and a stand-in's
+        # that does not extend it.
+        self.replay_targets: list[tuple[Any, str]] = []
+        # The watchers' own hooks on torch (Watcher.hooks), in place while they are watching.
+        self.watcher_hooks = PatchSet()
+
+    @property
+    def run(self) -> Run:
+        """What this installation has seen, whatever its configuration since."""
+        return self.reporter.run
+
+    def use(self, reporter: Reporter) -> Reporter:
+        """Answer violations with ``reporter`` from now on; return the old one, for the caller
+        to retire once it holds no lock a violation in flight may want."""
+        old = self.reporter
+        self.reporter = reporter
+        if self.tracker is not None:
+            self.tracker.reporter = reporter
+        return old
+
+    def watch(self, watchers: tuple[Watcher, ...]) -> None:
+        """Follow captures with ``watchers`` from now on (the tracker's, once torch is patched);
+        the replay hook goes on or comes off with them."""
+        for old in self.watchers:
+            if old not in watchers:
+                old.retired()
+        self.watchers = watchers
+        if self.tracker is not None:
+            self.tracker.watch(watchers)
+            self._hook_replays()
+            self._hook_watchers()
+
+    def _hook_replays(self) -> None:
+        """Hook CUDAGraph.replay while a watcher wants replays; put torch's back otherwise."""
+        tracker = self.tracker
+        if tracker is None or not tracker.replay_watchers:
+            self.replay.restore()
+        elif [
+            describe(owner, name) for owner, name in self.replay_targets
+        ] != self.replay.targets():
+            self.replay.restore()
+            self.replay.apply(
+                (owner, name, tracker.make_replay) for owner, name in self.replay_targets
+            )
+
+    def _hook_watchers(self) -> None:
+        """Put on the hooks the watchers ask for, unless they are already there."""
+        hooks = [hook for watcher in self.watchers for hook in watcher.hooks()]
+        wanted = [describe(owner, name) for owner, name, _ in hooks]
+        held = all(self.watcher_hooks.holds(owner, name) for owner, name, _ in hooks)
+        if wanted == self.watcher_hooks.targets() and held:
+            return
+        self.watcher_hooks.restore()
+        self.watcher_hooks.apply(hooks)
+
+    def after_fork(self) -> None:
+        """A forked child's fresh start: a run of its own, no captures, no lock held.
+
+        {pid} reports summed across a job must not count the parent's violations twice, the
+        parent's captures belong to threads the child lacks, and a lock another thread held at
+        the fork would never be released here.
+        """
+        old = self.reporter
+        census = old.run.census
+        census.after_fork()
+        run = Run(census)
+        report = ReportFile(old.config, run, write_now=False) if old.report is not None else None
+        exemptions = Exemptions(old.exemptions.pairs) if old.exemptions is not None else None
+        self.reporter = Reporter(
+            old.config,
+            run,
+            log=old.log.anew() if old.log is not None else None,
+            report=report,
+            exemptions=exemptions,
+            profiles={name: Exemptions(e.pairs) for name, e in old.profiles.items()},
+            listeners=old.listeners,
+        )
+        if self.tracker is not None:
+            self.tracker.after_fork()
+            self.tracker.reporter = self.reporter

@@ -1,0 +1,134 @@
+"""Following another framework's capture flag, so its capture windows hold for every capture.
+
+vLLM keeps ``vllm.compilation.monitor.cudagraph_capturing_enabled`` and its setter
+``set_cudagraph_capturing_enabled``, but checks the flag only in its own wrappers. cgguard reads
+the flag at every capture attempt (capture is allowed only if cgguard's flag and every followed
+flag allow it) and wraps the setter to learn where capture was disabled. Reading the flag is
+what makes it dependable: vLLM's model runner binds the setter by name, so calls bound before
+cgguard saw the module never reach the wrapper.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+from cgguard._boot import startup as _startup
+from cgguard._errors import ConfigError
+from cgguard._gate import state as _state
+from cgguard._gate.flags import FlagSource
+from cgguard._support.frames import snapshot
+from cgguard._support.patchset import PatchSet
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+# vLLM's flag, where released vLLM keeps it and where its main branch moved it. There the old
+# name is a sys.modules alias of the new module: whichever name is imported is followed, and
+# one module under two names is followed once.
+VLLM_MODULES = ("vllm.compilation.monitor", "vllm.backends.compiler.monitor")
+VLLM_FLAG = ("cudagraph_capturing_enabled", "set_cudagraph_capturing_enabled")
+
+
+class _Follow:
+    """A follow request: applied when its module is imported, undone by unfollow_all()."""
+
+    def __init__(self, module: str, attribute: str, setter: str | None) -> None:
+        self.module_name = module
+        self.attribute = attribute
+        self.setter = setter
+        self.source: FlagSource | None = None
+        self.patches = PatchSet()
+
+    def apply(self, module: ModuleType) -> None:
+        import wrapt
+
+        if any(
+            isinstance(s, FlagSource) and s.module is module and s.attribute == self.attribute
+            for s in _state.FOLLOWED
+        ):
+            return  # followed already, under another of its names
+        source = FlagSource(module, self.attribute)
+
+        def record_where(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+            where = snapshot(1)
+            result = wrapped(*args, **kwargs)
+            # Only a call that left the flag off is where capture was disabled; after one that
+            # turned it on, a later refusal must name the flag, not this line.
+            source.changed_at = None if source.enabled() else where
+            return result
+
+        if self.setter is not None and callable(getattr(module, self.setter, None)):
+            self.patches.wrap(
+                module, self.setter, lambda original: wrapt.FunctionWrapper(original, record_where)
+            )
+        self.source = source
+        _state.FOLLOWED.append(source)
+
+    def undo(self) -> None:
+        _startup.cancel(self.module_name, self.apply)
+        if self.source is not None and self.source in _state.FOLLOWED:
+            _state.FOLLOWED.remove(self.source)
+        self.patches.restore()
+        self.source = None
+
+
+# The requests made, in order; vLLM's apart, since install() switches it with its config.
+_requests: list[_Follow] = []
+_vllm: list[_Follow] = []
+
+
+def follow_flag(module: str, attribute: str, setter: str | None = None) -> None:
+    """Follow a framework's capture flag: captures are refused while ``module.attribute`` is false.
+
+    ``setter``, if given, names the module's function that changes the flag; cgguard wraps it to
+    report where capture was disabled. Works before or after the module is imported. Undone by
+    uninstall().
+    """
+    for value, what in ((module, "module"), (attribute, "attribute")):
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"follow_flag({what}={value!r}): accepted values are a name")
+    _requests.append(_start(module, attribute, setter))
+
+
+def _start(module: str, attribute: str, setter: str | None) -> _Follow:
+    follow = _Follow(module, attribute, setter)
+    found = sys.modules.get(module)
+    if found is not None and _startup.is_initializing(found):
+        # Being imported now (its own import of torch activated cgguard, say): its setter is
+        # not defined yet, and is wrapped once the module has run to its end.
+        _startup.when_initialized(found, follow.apply)
+    elif found is not None:
+        follow.apply(found)
+    else:
+        _startup.when_imported(module, follow.apply)
+    return follow
+
+
+def follow_vllm(enabled: bool) -> None:
+    """Follow vLLM's capture flag (install's default), or stop; other follows are untouched."""
+    if _vllm and not enabled:
+        while _vllm:
+            _vllm.pop().undo()
+    elif not _vllm and enabled:
+        _vllm.extend(_start(module, *VLLM_FLAG) for module in VLLM_MODULES)
+
+
+def waiting() -> list[str]:
+    """The modules whose flags will be followed once they are imported."""
+    followed = {id(s.module) for s in _state.FOLLOWED if isinstance(s, FlagSource)}
+    # vLLM's flag is one flag under either layout: once followed, no other name is awaited.
+    vllm = [] if any(f.source is not None for f in _vllm) else _vllm
+    return [
+        f.module_name
+        for f in [*_requests, *vllm]
+        if f.source is None
+        and not (f.module_name in sys.modules and id(sys.modules[f.module_name]) in followed)
+    ]
+
+
+def unfollow_all() -> None:
+    """Stop following every flag; put each wrapped setter back."""
+    follow_vllm(False)
+    while _requests:
+        _requests.pop().undo()

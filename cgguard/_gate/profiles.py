@@ -1,0 +1,254 @@
+"""Built-in profiles: the capture windows and exemptions of frameworks cgguard knows.
+
+Each profile is switched on by install() unless ``Config(profiles="off")``; its windows are
+resolved when their modules are imported (cgguard never imports them), so a process without
+the framework pays one pending import hook per module name and nothing on the capture path.
+Each profile's windows are a ``Windows`` of their own among the followed flags, and one set
+with the declared windows and the other profiles': a capture inside any open window passes.
+A profile's refusals are logged, not raised, unless ``Config(profiles="raise")``, and leave
+is_capture_enabled() true; they, and its exemptions, are its own only where every window
+entered that refuses the capture is that profile's (cgguard._gate.flags.disabled_by).
+docs/integrations.md says what each enforces; docs/audit/ holds the capture sites of each
+audited release and how each is classified.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, NamedTuple
+
+from cgguard._gate import windows as _windows
+from cgguard._gate.flags import Windows
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import ModuleType
+
+    from cgguard._gate.windows import Reader, WindowInfo
+
+
+class Window(NamedTuple):
+    """One window of a profile: an entry as ``CGGUARD_WINDOW`` would take it, unless ``read``
+    reaches state no entry can name; ``context``: the function returns a context manager."""
+
+    entry: str
+    read: Reader | None = None
+    context: bool = False
+
+
+class Profile(NamedTuple):
+    """A framework's windows, and the places it captures outside them on purpose."""
+
+    name: str
+    title: str  # the framework and its runner, for people
+    windows: tuple[Window, ...]
+    exempt: tuple[tuple[str, str], ...]  # (rule, place), as Config(exempt=...) keeps them
+
+
+class ProfileInfo(NamedTuple):
+    """A built-in profile, as status() shows it."""
+
+    name: str
+    # "off" (Config(profiles="off")), "waiting for import" (no window's module imported yet),
+    # "active" (a window resolved), "not in this release" (its modules lack every window)
+    state: str
+    windows: tuple[WindowInfo, ...]
+    exemptions: tuple[str, ...]
+
+
+def _getter(function: str, *path: str) -> Reader:
+    """A reader of ``module.function()`` and then ``path``'s attributes: state a framework
+    keeps behind a getter, which may hand out a new object over the process's life."""
+
+    def reader(module: ModuleType) -> tuple[str, Callable[[], object]] | None:
+        get = getattr(module, function, None)
+        if not callable(get):
+            return None
+
+        def read() -> object:
+            value = get()
+            for name in path:
+                value = getattr(value, name)
+            return value
+
+        return "getter", read
+
+    return reader
+
+
+def _not_none(attribute: str) -> Reader:
+    """A reader of a module attribute that is inside while it is not None (a stream, say,
+    whose own truth value is not what it means)."""
+
+    def reader(module: ModuleType) -> tuple[str, Callable[[], object]] | None:
+        if not hasattr(module, attribute):
+            return None
+        return "module attribute (not None)", functools.partial(_is_set, module, attribute)
+
+    return reader
+
+
+def _is_set(module: ModuleType, attribute: str) -> bool:
+    return getattr(module, attribute, None) is not None
+
+
+_DISABLED = "capture_disabled"
+# FlashInfer's autotuner captures graphs to time its candidates; vLLM's kernel warm-up and
+# SGLang's start-up run it after the first capture window closed.
+_FLASHINFER_AUTOTUNER = (_DISABLED, "flashinfer.autotuner")
+
+PROFILES: tuple[Profile, ...] = (
+    Profile(
+        "vllm",
+        "vLLM Model Runner V2",
+        (
+            Window("vllm.v1.worker.gpu.model_runner:GPUModelRunner.capture_model"),
+            Window("vllm.v1.worker.mm_encoder_model_runner:MMEncoderModelRunner.capture_model"),
+        ),
+        (
+            # torch.compile(create_block_mask, mode="reduce-overhead"): inductor's cudagraph
+            # trees record a graph per new shape while serving, from the one function that
+            # calls it.
+            (
+                _DISABLED,
+                "vllm.v1.attention.backends.flex_attention:FlexAttentionMetadata.build_block_mask",
+            ),
+            _FLASHINFER_AUTOTUNER,
+            # The ROCm segmented-attention autotune warm-up, also run by Elastic EP while
+            # serving.
+            (_DISABLED, "vllm.model_executor.warmup.rocm_segmented_attn_autotune_warmup"),
+        ),
+    ),
+    Profile(
+        "sglang",
+        "SGLang",
+        (
+            # is_capture_mode, set by model_capture_mode() (decode and speculative runners), at
+            # each module that has held it: 0.5.23's, and the older two.
+            Window("sglang.srt.model_executor.runner_utils.capture_mode:is_capture_mode"),
+            Window(
+                "sglang.srt.model_executor.cuda_graph_runner_utils.capture_mode:is_capture_mode"
+            ),
+            Window("sglang.srt.model_executor.cuda_graph_runner:is_capture_mode"),
+            # The prefill runner's capture, in the runtime flags a getter hands out.
+            Window(
+                "sglang.srt.runtime_context:get_flags().dp.capturing_prefill_graph",
+                read=_getter("get_flags", "dp", "capturing_prefill_graph"),
+            ),
+            # Breakable graphs: the capture under way in this context. (The module flag
+            # _in_breakable_cuda_graph is also true during replay.)
+            Window(
+                "sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph"
+                ".breakable_cuda_graph:_current_capture_var"
+            ),
+            # Piecewise graphs: the stream the runner captures on, None outside its capture.
+            Window(
+                "sglang.srt.compilation.compile_phase:_pcg_capture_stream",
+                read=_not_none("_pcg_capture_stream"),
+            ),
+        ),
+        (
+            # ViT encoder graphs, captured per new shape while serving
+            # (SGLANG_VIT_ENABLE_CUDA_GRAPH).
+            (_DISABLED, "sglang.srt.multimodal.vit_cuda_graph_runner"),
+            (_DISABLED, "sglang.srt.multimodal.internvl_vit_cuda_graph_runner"),
+            (_DISABLED, "sglang.srt.multimodal.kimi_k3_vit_cuda_graph_runner"),
+            # "captured while serving": metadata preparation graphs, per key.
+            (_DISABLED, "sglang.srt.model_executor.runner.metadata_glue_graph"),
+            # DSpark's sampling/accept graph, per batch size, on first use.
+            (_DISABLED, "sglang.srt.speculative.dspark_components.dspark_sampling_accept_graph"),
+            # DeepSeek-V4's replay tail, captured on first replay.
+            (_DISABLED, "sglang.srt.models.deepseek_v4_replay_tail"),
+            # mscclpp's tuning at start-up captures its all-reduce.
+            (_DISABLED, "sglang.srt.distributed.device_communicators.pymscclpp"),
+            _FLASHINFER_AUTOTUNER,
+        ),
+    ),
+    Profile(
+        "tensorrt_llm",
+        "TensorRT-LLM (PyTorch backend)",
+        (
+            # Older releases: a per-thread flag set around each capture, lazy ones included.
+            Window("tensorrt_llm._torch.pyexecutor.cuda_graph_runner:_local.is_graph_capturing"),
+            # Current releases: captures only inside `with runner.allow_capture():`.
+            Window(
+                "tensorrt_llm._torch.pyexecutor.cuda_graph_runner:CUDAGraphRunner.allow_capture",
+                context=True,
+            ),
+        ),
+        (),
+    ),
+)
+
+NAMES = tuple(profile.name for profile in PROFILES)
+
+
+class _Active:
+    """A profile switched on: its windows, and an entry per window, resolved once imported."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        self.windows = Windows(profile.name)
+        self.windows.on_entered = functools.partial(_windows.join, self.windows)
+        self.entries = [
+            _windows.Entry(w.entry, self.windows, read=w.read, context=w.context, quiet=True)
+            for w in profile.windows
+        ]
+        for entry in self.entries:
+            _windows.watch(entry)
+
+    def undo(self) -> None:
+        for entry in self.entries:
+            entry.undo()
+        _windows.leave(self.windows)
+
+    def info(self) -> ProfileInfo:
+        windows = tuple(entry.info() for entry in self.entries)
+        states = {w.state for w in windows}
+        if any(w.kind is not None for w in windows):
+            state = "active"
+        elif "waiting for import" in states:
+            state = "waiting for import"
+        else:
+            state = "not in this release"
+        return ProfileInfo(self.profile.name, state, windows, _texts(self.profile))
+
+
+_active: list[_Active] = []
+
+
+def switch(on: bool, *, log_only: bool = True) -> None:
+    """Switch every built-in profile on (each waits for its modules) or off; idempotent, so a
+    reconfiguration that keeps them on keeps their windows' state. ``log_only``: their
+    refusals are only logged (Config(profiles="log"))."""
+    if on:
+        if not _active:
+            _active.extend(_Active(profile) for profile in PROFILES)
+        for active in _active:
+            active.windows.log_only = log_only
+    else:
+        while _active:
+            _active.pop().undo()
+
+
+def exemptions() -> dict[str, tuple[tuple[str, str], ...]]:
+    """Each profile's exemptions, by name."""
+    return {profile.name: profile.exempt for profile in PROFILES}
+
+
+def profiles() -> list[ProfileInfo]:
+    """Every built-in profile and what it is now."""
+    if _active:
+        return [active.info() for active in _active]
+    return [ProfileInfo(p.name, "off", (), _texts(p)) for p in PROFILES]
+
+
+def _texts(profile: Profile) -> tuple[str, ...]:
+    from cgguard._rules.exempt_syntax import text
+
+    return tuple(text(pair) for pair in profile.exempt)
+
+
+def windows_of(name: str) -> Windows | None:
+    """The windows of the profile ``name`` while it is on (for tests and status)."""
+    return next((a.windows for a in _active if a.profile.name == name), None)

@@ -1,0 +1,404 @@
+"""Capture windows: the functions, or the framework state, inside which captures belong.
+
+An entry is ``module:qualname``. What it names decides what kind of window it is, once the
+module is imported (cgguard never imports it): a function or method is a window while it runs
+(the attribute as found is wrapped, so a decorator's wrapper, ``@torch.inference_mode()``'s,
+counts as the function; one wrapper per function, however many entries, declared or profiles',
+name it); a ContextVar is true while its value is; a ``threading.local``'s
+attribute (``module:local.attr``) and any other attribute are true while their value is, read
+on the capturing thread. The state they share, and what it means for a capture, is
+cgguard._gate.flags.Windows; this module resolves entries and puts the wrappers on.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from _thread import get_ident
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from cgguard._boot import startup as _startup
+from cgguard._config.settings import WINDOW_SYNTAX, shown
+from cgguard._gate import state as _state
+from cgguard._gate.flags import ENDED, Predicate, Windows
+from cgguard._support.patchset import PatchSet
+from cgguard._support.warn import warn_once
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType, ModuleType
+
+    # A built-in profile's reader: from the module, the kind of state and its read, or None
+    # when the module lacks it.
+    Reader = Callable[[ModuleType], "tuple[str, Callable[[], object]] | None"]
+
+_MISSING: Any = object()
+
+FUNCTION = "function"
+
+
+class WindowInfo(NamedTuple):
+    """A declared capture window, as status() shows it."""
+
+    entry: str  # as declared: module:qualname
+    kind: str | None  # "function", "module attribute", "ContextVar", "thread-local attribute";
+    # None while its module is not imported, or when the entry names nothing it can watch
+    state: str  # "waiting for import", "not resolved", "watched", "open" (a function running)
+
+
+class Entry:
+    """One declared window: resolved when its module is imported, undone by undo()."""
+
+    def __init__(
+        self,
+        entry: str,
+        windows: Windows | None = None,
+        *,
+        read: Reader | None = None,
+        context: bool = False,
+        quiet: bool = False,
+    ) -> None:
+        self.entry = entry
+        self.module_name = entry.partition(":")[0]
+        # The windows this entry is one of: the declared ones, or a built-in profile's.
+        self.windows = windows if windows is not None else _state.WINDOWS
+        # A built-in profile's state that no entry's form can name (a getter's result, a
+        # value that is true when not None): read from the module by this, when given.
+        self.reader = read
+        # The function returns a context manager, and the window is its ``with`` body.
+        self.context = context
+        # A built-in profile's entry for another release of its framework: what it names may
+        # well be missing here, which is no mistake worth a warning.
+        self.quiet = quiet
+        self.absent = False
+        self.kind: str | None = None
+        self.resolved = False
+        # The calling thread's id per call of this window's function under way.
+        self.calls: list[int] = []
+        self.predicate: Predicate | None = None
+        self.hook: _Hook | None = None
+        self.undone = False
+
+    def apply(self, module: ModuleType) -> None:
+        if self.undone:
+            return  # undone while its module was still being imported
+        try:
+            problem = self._resolve(module)
+        except Exception as exc:  # an attribute whose own lookup fails
+            problem = f"{exc!r}"
+        self.resolved = True
+        if problem is not None and self.quiet:
+            self.absent = True
+        elif problem is not None:
+            line = (
+                f"ignoring the capture window {shown(self.entry)}: {problem}; an entry is "
+                f"{WINDOW_SYNTAX}"
+            )
+            warn_once(line, line)
+
+    def _resolve(self, module: ModuleType) -> str | None:
+        """Watch what the entry names; the reason it cannot be watched, if so."""
+        if self.reader is not None:
+            return self._read_by(self.reader, module)
+        *path, name = self.entry.partition(":")[2].split(".")
+        owner: Any = module
+        for part in path:
+            owner = getattr(owner, part, _MISSING)
+            if owner is _MISSING:
+                return f"{module.__name__} has no {part!r}"
+        if isinstance(owner, threading.local):
+            # Per thread: the attribute may be unset on this one, and is read on each.
+            self._watch("thread-local attribute", functools.partial(getattr, owner, name, False))
+            return None
+        in_class = isinstance(owner, type)
+        # On a class, the attribute as the class holds it (a staticmethod stays one), its own
+        # or the one it inherits: a subclass's override is a window entry of its own.
+        raw = (
+            next((vars(k)[name] for k in owner.__mro__ if name in vars(k)), _MISSING)
+            if in_class
+            else _MISSING
+        )
+        value = getattr(owner, name, _MISSING)
+        if value is _MISSING:
+            return f"{getattr(owner, '__name__', shown(owner))} has no {name!r}"
+        if isinstance(value, ContextVar):
+            var: ContextVar[object] = value
+            self._watch("ContextVar", functools.partial(var.get, None))
+        elif isinstance(value, type):
+            return "it names a class; a function window names a function or method"
+        elif callable(value):
+            hook = _hooks.get((id(owner), name))
+            if hook is None or not hook.patches.holds(owner, name):
+                found = raw if raw is not _MISSING else value
+                hook = _hooks[(id(owner), name)] = _Hook(owner, name, found, in_class=in_class)
+            hook.add(self)
+            self.hook = hook
+            self.kind = FUNCTION
+        else:
+            self._watch("module attribute", functools.partial(getattr, owner, name, False))
+        return None
+
+    def _read_by(self, reader: Reader, module: ModuleType) -> str | None:
+        found = reader(module)
+        if found is None:
+            return f"{module.__name__} has no {self.entry.partition(':')[2]!r}"
+        self._watch(*found)
+        return None
+
+    def _watch(self, kind: str, read: Any) -> None:
+        self.kind = kind
+        self.predicate = Predicate(self.entry, kind, read)
+        windows = self.windows
+        windows.predicates = (*windows.predicates, self.predicate)
+        join(windows)
+
+    def opened(self, me: int) -> None:
+        """A call of this window's function began on the thread ``me``."""
+        windows = self.windows
+        self.calls.append(me)
+        windows.calls.append(me)
+        if not windows.entered:
+            windows.enter_first()
+
+    def returned(self, me: int, caller: FrameType, what: str = "") -> None:
+        """That call returned to ``caller``, or raised; or (``what`` ENDED) the ``with`` body
+        of a context window ended there."""
+        windows = self.windows
+        try:
+            self.calls.remove(me)
+            windows.calls.remove(me)
+        except ValueError:  # a call a forked child forgot: the parent's thread made it
+            return
+        if not windows.calls:
+            self.closed_at(caller, what)
+
+    def closed_at(self, caller: FrameType, what: str = "") -> None:
+        """The last call under way of these windows returned: they close at its caller."""
+        windows = self.windows
+        closed = windows.closed
+        # Called in a loop, from the line that closed them last: that stack holds.
+        if (
+            what
+            or closed is None
+            or closed[0] is not self.entry
+            or closed[2][0] is not caller.f_code
+            or closed[2][1] != caller.f_lasti
+        ):
+            windows.close(self.entry, caller, what)
+
+    def undo(self) -> None:
+        self.undone = True
+        _startup.cancel(self.module_name, self.apply)
+        if self.predicate is not None:
+            windows = self.windows
+            windows.predicates = tuple(p for p in windows.predicates if p is not self.predicate)
+            self.predicate = None
+        if self.hook is not None:
+            self.hook.drop(self)
+            self.hook = None
+
+    def info(self) -> WindowInfo:
+        if not self.resolved:
+            return WindowInfo(self.entry, None, "waiting for import")
+        if self.absent:
+            return WindowInfo(self.entry, None, "not in this release")
+        if self.kind is None:
+            return WindowInfo(self.entry, None, "not resolved")
+        state = "open" if self.calls else "watched"
+        return WindowInfo(self.entry, self.kind, state)
+
+
+class _Hook:
+    """The one wrapper on a window function, whatever entries name it: a declared window and
+    a profile's on the same method each open their own windows through it, and the function
+    is put back once the last of them is undone."""
+
+    def __init__(self, owner: Any, name: str, found: Any, *, in_class: bool) -> None:
+        self.key = (id(owner), name)
+        self.calling: tuple[Entry, ...] = ()  # open while the function runs
+        self.opening: tuple[Entry, ...] = ()  # open in the ``with`` body of what it returns
+        self.patches = PatchSet()
+        self.patches.replace(owner, name, self._wrapped(found, in_class=in_class))
+
+    def add(self, entry: Entry) -> None:
+        if entry.context:
+            self.opening = (*self.opening, entry)
+        else:
+            self.calling = (*self.calling, entry)
+
+    def drop(self, entry: Entry) -> None:
+        self.calling = tuple(e for e in self.calling if e is not entry)
+        self.opening = tuple(e for e in self.opening if e is not entry)
+        if not self.calling and not self.opening:
+            self.patches.restore()
+            if _hooks.get(self.key) is self:
+                del _hooks[self.key]
+
+    def entries(self) -> tuple[Entry, ...]:
+        return (*self.calling, *self.opening)
+
+    def _wrapped(self, found: Any, *, in_class: bool) -> Any:
+        """The attribute as found, wrapped so that a call of it opens the windows naming it."""
+        if isinstance(found, (staticmethod, classmethod)):
+            return type(found)(self._wrapped(found.__func__, in_class=False))
+        hook = self
+
+        # A plain function, not a wrapt wrapper: it binds as the method it replaces, and costs
+        # a fraction of wrapt's call protocol on every call (benchmarks/window_overhead.py).
+        @functools.wraps(found)
+        def window(*args: Any, **kwargs: Any) -> Any:
+            calling, opening = hook.calling, hook.opening
+            if calling:
+                # Entry.opened and Entry.returned inline: this runs on every call.
+                me = get_ident()
+                for entry in calling:
+                    entry.calls.append(me)
+                    windows = entry.windows
+                    windows.calls.append(me)
+                    if not windows.entered:
+                        windows.enter_first()
+                try:
+                    result = found(*args, **kwargs)
+                finally:
+                    for entry in calling:
+                        windows = entry.windows
+                        calls = windows.calls
+                        try:
+                            entry.calls.remove(me)
+                            calls.remove(me)
+                        except ValueError:  # a call a forked child forgot
+                            continue
+                        if calls:
+                            continue
+                        caller = sys._getframe(1)
+                        closed = windows.closed
+                        # Called in a loop, from the line that closed them last: that holds.
+                        if (
+                            closed is None
+                            or closed[0] is not entry.entry
+                            or closed[2][0] is not caller.f_code
+                            or closed[2][1] != caller.f_lasti
+                        ):
+                            windows.close(entry.entry, caller)
+            else:
+                result = found(*args, **kwargs)
+            # A function returning a context manager: its ``with`` body is the window (the
+            # call itself only builds the manager, ``contextlib.contextmanager``'s).
+            return _Opening(result, opening) if opening else result
+
+        if in_class and not hasattr(found, "__get__"):
+            # A callable object a class keeps as it is (no method binding): kept unbound.
+            return staticmethod(window)
+        return window
+
+
+# The wrapper on each window function, by its owner's id and the attribute's name.
+_hooks: dict[tuple[int, str], _Hook] = {}
+
+
+class _Opening:
+    """The context manager a context window's function returned: open while it is entered."""
+
+    __slots__ = ("_entries", "_manager", "_me")
+
+    def __init__(self, manager: Any, entries: tuple[Entry, ...]) -> None:
+        self._manager = manager
+        self._entries = entries
+        self._me = 0
+
+    def __enter__(self) -> Any:
+        me = self._me = get_ident()
+        for entry in self._entries:
+            entry.opened(me)
+        try:
+            return self._manager.__enter__()
+        except BaseException:
+            self._leave(sys._getframe(1))
+            raise
+
+    def __exit__(self, *exc_info: object) -> Any:
+        try:
+            return self._manager.__exit__(*exc_info)
+        finally:
+            self._leave(sys._getframe(1))
+
+    def _leave(self, caller: FrameType) -> None:
+        for entry in self._entries:
+            entry.returned(self._me, caller, ENDED)
+
+
+def after_fork() -> None:
+    """In a forked child only the forking thread runs on: the calls under way of every other
+    thread never return there, so they are forgotten."""
+    me = get_ident()
+    every = {id(_state.WINDOWS): _state.WINDOWS}
+    for source in _state.FOLLOWED:
+        if isinstance(source, Windows):
+            every[id(source)] = source
+    for hook in list(_hooks.values()):
+        for entry in hook.entries():
+            entry.calls[:] = [c for c in entry.calls if c == me]
+            every[id(entry.windows)] = entry.windows
+    for windows in every.values():
+        windows.calls[:] = [c for c in windows.calls if c == me]
+
+
+# The windows declared, by entry, in the order declared.
+_declared: dict[str, Entry] = {}
+
+
+def join(windows: Windows) -> None:
+    """Put ``windows`` among what may disable capture: from now on every capture asks them."""
+    if windows not in _state.FOLLOWED:
+        _state.FOLLOWED.append(windows)
+
+
+def leave(windows: Windows) -> None:
+    """Take ``windows`` out of what may disable capture."""
+    if windows in _state.FOLLOWED:
+        _state.FOLLOWED.remove(windows)
+
+
+def watch(declared: Entry) -> None:
+    """Resolve ``declared`` now if its module is imported, else once it is (never importing it)."""
+    module = sys.modules.get(declared.module_name)
+    if module is not None and _startup.is_initializing(module):
+        # Being imported now (its own import of torch activated cgguard, say): resolved
+        # once it has run to its end, with every name it defines.
+        _startup.when_initialized(module, declared.apply)
+    elif module is not None:
+        declared.apply(module)
+    else:
+        _startup.when_imported(declared.module_name, declared.apply)
+
+
+def declare(entries: tuple[str, ...]) -> None:
+    """Watch exactly these windows: the others are undone, the ones kept keep their state."""
+    if tuple(_declared) == entries:
+        return
+    for entry in [e for e in _declared if e not in entries]:
+        _declared.pop(entry).undo()
+    # A different set of windows starts afresh: none entered, none closed.
+    windows = _state.WINDOWS
+    leave(windows)
+    windows.forget()
+    windows.on_entered = functools.partial(join, windows)
+    for entry in entries:
+        if entry in _declared:
+            continue
+        declared = _declared[entry] = Entry(entry)
+        watch(declared)
+    if windows.predicates:
+        join(windows)
+
+
+def forget_all() -> None:
+    """Stop watching every window: each function put back, each pending import hook gone."""
+    declare(())
+
+
+def windows() -> list[WindowInfo]:
+    """The windows declared, in order, and what each is now."""
+    return [declared.info() for declared in list(_declared.values())]

@@ -1,0 +1,158 @@
+"""Fleet metrics: cgguard's counters in prometheus_client's default registry, where asked for.
+
+prometheus_client is imported only when ``metrics="prometheus"`` is configured, and then only at
+the first count, or by the program itself (cgguard's counters are registered right after):
+never at configuration, which comes at torch's import, before a server sets the environment
+prometheus_client reads at its own import. Its counters are registered once per process (the
+default registry refuses a name twice) and work in its multiprocess mode as in its plain one:
+with ``PROMETHEUS_MULTIPROC_DIR`` set before prometheus_client is imported, each process writes
+its own values to that folder and the server's ``MultiProcessCollector`` sums them. Only
+counters are used: they are the kind whose multiprocess sum means what one process's value does.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+from cgguard._boot import startup as _startup
+from cgguard._support.warn import warn_once
+
+_lock = threading.Lock()
+
+
+class Metrics:
+    """cgguard's counters, registered in prometheus_client's default registry."""
+
+    def __init__(self, prometheus: Any) -> None:
+        counter = prometheus.Counter
+        # prometheus_client adds the "_total" of a counter's sample itself.
+        self.violations = counter(
+            "cgguard_violations", "CUDA-graph capture violations cgguard saw", ["rule", "action"]
+        )
+        self.captures = counter(
+            "cgguard_captures", "CUDA-graph captures cgguard saw, by outcome", ["outcome"]
+        )
+        self.capture_seconds = counter(
+            "cgguard_capture_seconds",
+            "Wall time from capture_begin to the end of capture_end, summed over captures",
+        )
+        self.capture_bytes = counter(
+            "cgguard_capture_bytes",
+            "Growth of the allocator's reserved bytes across captures, summed where it grew",
+        )
+        self.skips = counter(
+            "cgguard_cudagraph_skips",
+            "Graphs torch.compile compiled without a CUDA graph, by reason",
+            ["reason"],
+        )
+
+    def violated(self, rule: str, action: str) -> None:
+        """One violation, labelled as its event is (``action`` "raised" or "logged")."""
+        try:
+            self.violations.labels(rule=rule, action=action).inc()
+        except Exception as exc:
+            warn_once("metrics:violation", f"could not count a violation's metric: {exc!r}")
+
+    def captured(self, outcome: str, seconds: float, reserved: int | None) -> None:
+        """One capture, as it ended; ``reserved``: its growth of reserved bytes, where known."""
+        try:
+            self.captures.labels(outcome=outcome).inc()
+            if seconds > 0:
+                self.capture_seconds.inc(seconds)
+            if reserved is not None and reserved > 0:
+                # A counter only grows: memory a capture gave back is not taken off.
+                self.capture_bytes.inc(reserved)
+        except Exception as exc:
+            warn_once("metrics:capture", f"could not count a capture's metrics: {exc!r}")
+
+    def skipped(self, reason: str) -> None:
+        """One graph torch.compile compiled without a CUDA graph, for the grouped ``reason``."""
+        try:
+            self.skips.labels(reason=reason).inc()
+        except Exception as exc:
+            warn_once("metrics:skip", f"could not count a skipped cudagraph's metric: {exc!r}")
+
+
+_active: Metrics | None = None
+_failed = False
+# Whether a configuration asks for metrics: they are registered at the first count, or when the
+# program imports prometheus_client itself, whichever comes first.
+_wanted = False
+
+MODULE = "prometheus_client"
+ON_IMPORT = "cgguard._reporting.metrics:on_import"
+
+
+def want() -> None:
+    """Metrics are asked for: registered once there is something to count, or as soon as the
+    program imports prometheus_client. Never imports it here: prometheus_client picks its value
+    class (multiprocess or not) from ``PROMETHEUS_MULTIPROC_DIR`` when it is imported, and a
+    server sets that variable after torch's import, where cgguard is configured."""
+    global _wanted
+    _wanted = True
+    if _active is not None or _failed:
+        return
+    module = sys.modules.get(MODULE)
+    if module is None:
+        _startup.when_imported(MODULE, ON_IMPORT)
+    elif not _startup.is_initializing(module):
+        _start()
+
+
+def unwant() -> None:
+    """Metrics are no longer asked for: nothing more is registered (counters registered stay
+    in prometheus_client's registry, which has no way to take them back that a server's
+    collector would follow)."""
+    global _wanted
+    _wanted = False
+    _startup.cancel(MODULE, ON_IMPORT)
+
+
+def on_import(module: object) -> None:
+    """The program imported prometheus_client: cgguard's counters go in its registry now."""
+    if _wanted:
+        _start()
+
+
+def active() -> Metrics | None:
+    """The process's metrics where they are asked for, registered at the first call; None,
+    with one warning, where prometheus_client cannot be imported or refuses them. Called where
+    there is something to count, so that the program's environment is read as it is by then."""
+    found = _active
+    if found is not None or not _wanted:
+        return found
+    return _start()
+
+
+def _start() -> Metrics | None:
+    global _active, _failed
+    with _lock:
+        if _active is not None or _failed:
+            return _active
+        # Importing it below would fire the hook on this thread, under this lock.
+        _startup.cancel(MODULE, ON_IMPORT)
+        try:
+            import prometheus_client
+
+            _active = Metrics(prometheus_client)
+        except ImportError:
+            _failed = True
+            warn_once(
+                "metrics:import",
+                "metrics='prometheus' (CGGUARD_METRICS) needs prometheus_client, which is not "
+                "importable here: no metrics (pip install 'cgguard[metrics]')",
+            )
+        except Exception as exc:
+            _failed = True
+            warn_once("metrics:register", f"could not register cgguard's metrics: {exc!r}")
+        return _active
+
+
+def captured(outcome: str, seconds: float, reserved: int | None) -> None:
+    """One capture to count, as it ended (Metrics.captured), registering the metrics first if
+    need be."""
+    metrics = active()
+    if metrics is not None:
+        metrics.captured(outcome, seconds, reserved)
