@@ -23,7 +23,7 @@ def on_torch_import(_: ModuleType) -> None:
     try:
         config = Config.from_environ(warn=False)
         if config.simulate_cuda:
-            from cgguard.testing import start_session_simulation
+            from cgguard.testing._helpers import start_session_simulation
 
             start_session_simulation()
         # A program that called install() itself, before importing torch, keeps its own

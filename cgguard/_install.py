@@ -29,8 +29,8 @@ from cgguard._reporting import metrics as _metrics
 from cgguard._reporting.log import EventLog
 from cgguard._reporting.report_file import ReportFile
 from cgguard._reporting.reporter import Reporter
-from cgguard._rules.checks import API, BEGAN_AT, MODE, THREAD
 from cgguard._rules.exempt_match import Exemptions
+from cgguard._rules.record import API, BEGAN_AT, MODE, THREAD
 from cgguard._support.warn import warn_once
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from cgguard._data.schema import CensusReport
     from cgguard._gate.profiles import ProfileInfo
     from cgguard._gate.windows import WindowInfo
-    from cgguard._rules.checks import Record
+    from cgguard._rules.record import Record
     from cgguard._support.frames import FrameInfo
 
 PATCH_ON_IMPORT = "cgguard._install:patch_on_import"
@@ -310,7 +310,7 @@ def _watchers(config: Config, installation: Installation) -> tuple[Watcher, ...]
 
 def _census_watcher(config: Config, installation: Installation) -> Watcher:
     """The census's watcher, counting into the run's census (kept across reconfiguration)."""
-    from cgguard._data.census import CensusWatcher
+    from cgguard._census.watcher import CensusWatcher
 
     def memory() -> Callable[[], tuple[int, int, int] | None] | None:
         tracker = installation.tracker

@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+# Registered by being in the plugin's namespace, as fixtures defined here are.
+from cgguard.testing.fixtures import simulated_cuda_runtime  # noqa: F401
+
 if TYPE_CHECKING:
     from collections.abc import Generator
 
@@ -121,16 +124,6 @@ def cgguard_violations(request: pytest.FixtureRequest) -> list[Event]:
         pytest.skip("cgguard is not active: run pytest with --cgguard")
     test.handled = True
     return test.events
-
-
-@pytest.fixture
-def simulated_cuda_runtime() -> Generator[SimulatedCuda, None, None]:
-    """torch.cuda on cgguard's simulated CUDA runtime for one test; torch restored after it."""
-    # torch and the simulated runtime are imported here, when a test asks, never at plugin load.
-    from cgguard.testing import simulated_cuda
-
-    with simulated_cuda() as runtime:
-        yield runtime
 
 
 class _Test:

@@ -16,11 +16,13 @@ import pytest
 import torch
 
 import cgguard
+from cgguard._census import watcher as _watcher
+from cgguard._census.watcher import CensusWatcher
 from cgguard._core import tracker as _capture
 from cgguard._core.tracker import NO_TORCH, Tracker
 from cgguard._data import census as _census
 from cgguard._data import census_merge as _census_merge
-from cgguard._data.census import Census, CensusWatcher, skip_reason
+from cgguard._data.census import Census, skip_reason
 from cgguard._data.ledger import Run
 from cgguard._gate import state as _state
 from cgguard._reporting import log as _log
@@ -45,12 +47,12 @@ import sys
 import torch
 
 import cgguard
+from cgguard._census import watcher as _watcher
 from cgguard._core import tracker as _capture
-from cgguard._data import census as _census
 
 STEP = float(sys.argv[1])
 ticks = iter(range(1, 1_000_000))
-_census.perf_counter = _capture.perf_counter = lambda: next(ticks) * STEP
+_watcher.perf_counter = _capture.perf_counter = lambda: next(ticks) * STEP
 
 
 def three():
@@ -618,7 +620,7 @@ def test_a_fold_between_a_captures_entry_and_its_clock_finds_it_under_way(
             seen.extend(census.captures(fresh=True))
         return next(clock)
 
-    monkeypatch.setattr(_census, "perf_counter", folding_clock)
+    monkeypatch.setattr(_watcher, "perf_counter", folding_clock)
     monkeypatch.setattr(_capture, "perf_counter", folding_clock)
     begin(graph)
     end(graph)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from helpers import thread
 
-from cgguard._gate.flags import Disabler
-from cgguard._rules.checks import Record, find_sync_violation, find_violations
+from cgguard._rules.checks import find_sync_violation, find_violations
+from cgguard._rules.record import Disabler, Record
 
 CAPTURE_DISABLED, NESTED_CAPTURE, CONCURRENT_CAPTURE = (
     "capture_disabled",

@@ -15,14 +15,14 @@ from cgguard._core import tracker as _capture
 from cgguard._core.tracker import NO_TORCH, Tracker
 from cgguard._data.ledger import Run
 from cgguard._gate import state as _state
-from cgguard._gate.flags import Disabler
 from cgguard._gate.state import FLAG, LISTENERS
 from cgguard._install import CaptureInfo
 from cgguard._reporting.reporter import Reporter
+from cgguard._rules.record import Disabler
 from cgguard._support.threads import this_thread
 
 if TYPE_CHECKING:
-    from cgguard._rules.checks import Record
+    from cgguard._rules.record import Record
 
 CAPTURE_DISABLED, NESTED_CAPTURE, CONCURRENT_CAPTURE = (
     "capture_disabled",

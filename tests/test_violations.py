@@ -11,9 +11,9 @@ import pytest
 
 import cgguard
 from cgguard._data.ledger import Run
-from cgguard._gate.flags import Disabler
 from cgguard._reporting.log import EventLog
 from cgguard._reporting.reporter import Reporter
+from cgguard._rules.record import Disabler
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -12,14 +12,15 @@ import pytest
 import torch
 
 import cgguard
-from cgguard._core.watch import ABANDONED, ENDED, FAILED, Watcher
+from cgguard._core.watch import Watcher
 from cgguard._gate import state as _state
+from cgguard._rules.record import ABANDONED, ENDED, FAILED
 from cgguard.testing import simulated_cuda
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from cgguard._rules.checks import Record
+    from cgguard._rules.record import Record
 
 pytestmark = pytest.mark.simulated
 

@@ -25,20 +25,22 @@ from threading import get_ident
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cgguard._core.watch import ABANDONED, ENDED, FAILED, forget_graph, graphs_noted
+from cgguard._core.watch import forget_graph, graphs_noted
 from cgguard._errors import CaptureViolation, hidden_by_pytest
-from cgguard._gate.flags import Disabler, disabled_by
+from cgguard._gate.flags import disabled_by
 from cgguard._reporting.reporter import QUERIES
-from cgguard._rules.checks import (
+from cgguard._rules.checks import find_sync_violation, find_violations, why_sync
+from cgguard._rules.record import (
+    ABANDONED,
     API,
     BEGAN_AT,
+    ENDED,
+    FAILED,
     KEY,
     MODE,
     STREAM,
     THREAD,
-    find_sync_violation,
-    find_violations,
-    why_sync,
+    Disabler,
 )
 from cgguard._support.frames import snapshot, with_stack
 from cgguard._support.threads import marks as _marks
@@ -51,7 +53,7 @@ if TYPE_CHECKING:
     from cgguard._core.watch import Watcher
     from cgguard._gate.flags import CaptureFlag, FlagSource, Windows
     from cgguard._reporting.reporter import Reporter
-    from cgguard._rules.checks import Found, Record
+    from cgguard._rules.record import Found, Record
     from cgguard._support.frames import LiveStack, Snapshot
 
 # What a watcher of a capture under way keeps for it, as its opening() returned, with the

@@ -15,13 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from cgguard._rules.checks import Record
-
-# How a capture cgguard saw begin came to an end.
-ENDED: Final = "ended"  # torch's capture_end returned
-FAILED: Final = "failed"  # torch's capture_begin or capture_end raised
-ABANDONED: Final = "abandoned"  # its thread ended, or a test runner let go of it, mid-capture
-OUTCOMES: Final = (ENDED, FAILED, "refused", ABANDONED)  # "refused": see Watcher.refused
+    from cgguard._rules.record import Record
 
 # What a watcher keeps on a graph for the graph's replays (cgguard._inspect.inspector): the
 # capture path drops it at every capture_begin into that graph, watched or not, so that a

@@ -4,8 +4,9 @@ disables capture."""
 from __future__ import annotations
 
 from types import FrameType
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
+from cgguard._rules.record import Disabler
 from cgguard._support.frames import resolve, snapshot_from
 from cgguard._support.warn import warn_once
 
@@ -121,7 +122,7 @@ class Windows:
         entry, what, _ = closed
         if what == RETURNED:
             return f", where the capture window {entry} returned"
-        if what == ENDED:
+        if what == WITH_ENDED:
             return f", where the with statement of the capture window {entry} ended"
         return f", the last capture seen inside the capture window {entry}"
 
@@ -133,7 +134,7 @@ class Windows:
 
     def close(self, entry: str, caller: FrameType, what: str = "") -> None:
         """The last call of a window function under way returned to ``caller``, or raised;
-        or (``what`` ENDED) the last ``with`` body of a context window ended there."""
+        or (``what`` WITH_ENDED) the last ``with`` body of a context window ended there."""
         self.closed = (entry, what or RETURNED, snapshot_from(caller))
 
     def enabled(self, stack: Snapshot | LiveStack | None = None) -> bool:
@@ -189,23 +190,12 @@ class Windows:
 
 
 RETURNED = "returned"
-ENDED = "ended"
+WITH_ENDED = "with ended"
 SEEN_INSIDE = "seen inside"
 
 
 def _nothing() -> None:
     return None
-
-
-class Disabler(NamedTuple):
-    """Which flag disables capture, and where it was set: the cause of a refused capture."""
-
-    label: str | None  # a followed flag's module.attribute; None for cgguard's own
-    changed_at: Snapshot | None  # None: by configuration, or by a setter cgguard never saw
-    how: str = ""  # what the message adds after where: which window closed there
-    # The built-in profile whose windows disable capture, if every window that does is its.
-    profile: str | None = None
-    log_only: bool = False  # that profile's refusals are only logged (Windows.log_only)
 
 
 def disabled_by(

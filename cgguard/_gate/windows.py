@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from cgguard._boot import startup as _startup
 from cgguard._config.settings import WINDOW_SYNTAX, shown
 from cgguard._gate import state as _state
-from cgguard._gate.flags import ENDED, Predicate, Windows
+from cgguard._gate.flags import WITH_ENDED, Predicate, Windows
 from cgguard._support.patchset import PatchSet
 from cgguard._support.warn import warn_once
 
@@ -163,7 +163,7 @@ class Entry:
             windows.enter_first()
 
     def returned(self, me: int, caller: FrameType, what: str = "") -> None:
-        """That call returned to ``caller``, or raised; or (``what`` ENDED) the ``with`` body
+        """That call returned to ``caller``, or raised; or (``what`` WITH_ENDED) the ``with`` body
         of a context window ended there."""
         windows = self.windows
         try:
@@ -326,7 +326,7 @@ class _Opening:
 
     def _leave(self, caller: FrameType) -> None:
         for entry in self._entries:
-            entry.returned(self._me, caller, ENDED)
+            entry.returned(self._me, caller, WITH_ENDED)
 
 
 def after_fork() -> None:

@@ -38,12 +38,12 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, cast
 
-from cgguard._core.watch import ENDED, FAILED, GRAPH_NOTES, Watcher
+from cgguard._core.watch import GRAPH_NOTES, Watcher
 from cgguard._errors import hidden_by_pytest
 from cgguard._gate import state as _state
 from cgguard._inspect import liveness as _liveness
 from cgguard._inspect.sync_ops import SYNC_OPS, every_tensor, syncs
-from cgguard._rules.checks import BEGAN_AT, MODE, THREAD
+from cgguard._rules.record import BEGAN_AT, ENDED, FAILED, MODE, THREAD
 from cgguard._support.frames import innermost_visible, render, resolve, stack_above, where
 from cgguard._support.warn import warn_once
 
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from cgguard._data.schema import ViolationEvent
     from cgguard._errors import CaptureViolation
     from cgguard._inspect.sync_ops import SyncOp
-    from cgguard._rules.checks import Record
+    from cgguard._rules.record import Record
     from cgguard._support.frames import Snapshot
 
 # The traceback of a refused op ends at the user's line (cgguard._errors.hidden_by_pytest).

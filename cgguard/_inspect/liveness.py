@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from cgguard._support.frames import stack_above
 
 if TYPE_CHECKING:
-    from cgguard._rules.checks import Record
+    from cgguard._rules.record import Record
     from cgguard._support.frames import Snapshot
 
 

@@ -17,10 +17,9 @@ from threading import get_ident
 from typing import TYPE_CHECKING, cast
 
 from cgguard._data.ledger import worth_logging
-from cgguard._gate.flags import Disabler
 from cgguard._reporting import events as _events
 from cgguard._reporting import metrics as _metrics
-from cgguard._rules.checks import API, BEGAN_AT, MODE, THREAD
+from cgguard._rules.record import API, BEGAN_AT, MODE, THREAD, Disabler
 from cgguard._rules.table import BLAMES_FLAG, BLAMES_THREAD, RULES, Cause
 from cgguard._support.frames import innermost_visible, resolve
 from cgguard._support.threads import this_thread
@@ -35,8 +34,8 @@ if TYPE_CHECKING:
     from cgguard._errors import CaptureViolation
     from cgguard._reporting.log import EventLog
     from cgguard._reporting.report_file import ReportFile
-    from cgguard._rules.checks import Found, Record
     from cgguard._rules.exempt_match import Exemptions, Match
+    from cgguard._rules.record import Found, Record
     from cgguard._support.frames import LiveStack, Snapshot
 
     Acting = list[tuple[str, "Record | Disabler | None", Action]]

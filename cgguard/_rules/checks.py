@@ -7,32 +7,15 @@ reports say, is cgguard._rules.table's table.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING
 
+from cgguard._rules.record import MODE, THREAD
 from cgguard._rules.table import WHY_CAPTURED_EVENT, WHY_CAPTURING_STREAM
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from cgguard._gate.flags import Disabler
-    from cgguard._support.frames import LiveStack, Snapshot
-    from cgguard._support.threads import ThreadRef
-
-# A capture that has begun, as the capture path keeps it: a plain tuple, since anything with a
-# constructor of its own costs several times a tuple display, and most records are never read.
-# (id() of the graph, the thread that began it, api, capture_error_mode, where it began, the
-# stream it captures on where known).
-Record = tuple[int, "ThreadRef", str, str, "Snapshot | LiveStack", Any]
-KEY: Final = 0
-THREAD: Final = 1
-API: Final = 2
-MODE: Final = 3
-BEGAN_AT: Final = 4
-STREAM: Final = 5
-
-# Each rule broken, with what it is blamed on: the capture that conflicts, or the flag that
-# disables capture.
-Found = list[tuple[str, "Record | Disabler | None"]]
+    from cgguard._rules.record import Disabler, Found, Record
 
 
 def find_violations(

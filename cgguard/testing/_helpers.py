@@ -1,0 +1,83 @@
+"""The simulated CUDA runtime in place beside an installed cgguard, and a violation recorder."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+from cgguard import _install
+from cgguard._gate.state import LISTENERS
+from cgguard.testing import _simcuda
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from cgguard._data.schema import ViolationEvent
+    from cgguard.testing._simcuda import SimulatedCuda
+
+
+@contextlib.contextmanager
+def simulated_cuda(*, force: bool = False) -> Iterator[SimulatedCuda]:
+    """Run torch's real CUDA-graph code over cgguard's simulated CUDA runtime (no GPU).
+
+    Replaces torch.cuda's graph, stream and event entry points with stand-ins for the duration
+    and restores every one on exit. Runs on CPU-only and CUDA builds of torch; refuses where a
+    CUDA device is available unless ``force``. Composes with an installed cgguard, in either
+    order: while both are in place, the simulated device synchronize is guarded, and so are the
+    stand-ins where they do not extend torch's classes (CUDA builds).
+    """
+    # cgguard lets go of what the simulation is about to replace (torch's own synchronize on a
+    # CUDA build, the simulated one on the way out) and takes up what replaced it.
+    with _simcuda.simulated_runtime(
+        force=force, unhook=_install.release_device_sync, rehook=_install.refresh_device_sync
+    ) as runtime:
+        yield runtime
+
+
+def active_simulation() -> SimulatedCuda | None:
+    """The simulated CUDA runtime in place now, if any."""
+    return _simcuda.active()
+
+
+@contextlib.contextmanager
+def capture_violations() -> Iterator[list[ViolationEvent]]:
+    """Collect the full event of every violation reported inside the block, in order.
+
+    Independent of logging: every violation is seen, whatever the configured output.
+    """
+    events: list[ViolationEvent] = []
+    listener = events.append
+    LISTENERS.append(listener)
+    try:
+        yield events
+    finally:
+        LISTENERS.remove(listener)
+
+
+_session: contextlib.ExitStack | None = None
+
+
+def start_session_simulation() -> None:
+    """The simulated runtime for the rest of the process (CGGUARD_SIMULATE_CUDA activation)."""
+    import atexit
+
+    from cgguard._support.warn import warn_once
+
+    global _session
+    if _session is not None:
+        return
+    stack = contextlib.ExitStack()
+    try:
+        stack.enter_context(simulated_cuda())
+    except Exception as exc:  # e.g. a usable CUDA device: guard it all the same, unsimulated
+        warn_once("simulation", f"CGGUARD_SIMULATE_CUDA: no simulated CUDA runtime: {exc}")
+        return
+    _session = stack
+    # Left at exit while the interpreter is still whole; a generator closed by the garbage
+    # collector at shutdown would run its clean-up with its module's globals already gone.
+    atexit.register(stack.close)
+    warn_once(
+        "simulation",
+        "CGGUARD_SIMULATE_CUDA: torch.cuda runs on cgguard's simulated CUDA runtime "
+        "(no GPU work; results are not GPU results)",
+    )
