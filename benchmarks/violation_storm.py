@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 import cgguard
-from cgguard._gate import state as _state
+from cgguard import _process
 from cgguard.testing import simulated_cuda
 
 if TYPE_CHECKING:
@@ -175,8 +175,8 @@ def main() -> int:
                     time_attempts(per_round, enabled=not disabled_first)
                 )
         growth = storm_growth(per_round, args.rounds)
-        assert _state.current is not None  # noqa: S101 - installed above
-        sites = len(_state.current.run.ledger.sites())
+        assert _process.PROCESS.installation is not None  # noqa: S101 - installed above
+        sites = len(_process.PROCESS.installation.run.ledger.sites())
         violations = sum(cgguard.status().violations.values())
     finally:
         cgguard.uninstall()

@@ -51,12 +51,12 @@ def time_checks(count: int, windows: tuple[str, ...], how: str) -> float:
     predicate window is true)."""
     import cgguard_bench_windows as bench  # type: ignore[import-not-found]
 
-    from cgguard._gate import state as _state
+    from cgguard import _process
     from cgguard._support.frames import snapshot
 
     with simulated_cuda():
         cgguard.install(cgguard.Config(log_file=os.devnull, windows=windows))
-        installation = _state.current
+        installation = _process.PROCESS.installation
         tracker = installation.tracker if installation is not None else None
         if tracker is None:
             raise SystemExit("cgguard did not patch torch")

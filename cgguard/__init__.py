@@ -26,14 +26,14 @@ if TYPE_CHECKING:
         RngDuringCaptureError,
         SyncDuringCaptureError,
     )
-    from cgguard._gate.follow import follow_flag
-    from cgguard._gate.switch import (
+    from cgguard._install import Status, census, install, is_installed, status, uninstall
+    from cgguard._switch import (
         capture_disabled,
         capture_enabled,
+        follow_flag,
         is_capture_enabled,
         set_capture_enabled,
     )
-    from cgguard._install import Status, census, install, is_installed, status, uninstall
     from cgguard._version import __version__
 
 __all__ = [
@@ -81,14 +81,14 @@ _HOMES = {
     "SyncDuringCaptureError": "cgguard._errors",
     "__version__": "cgguard._version",
     "activate": "cgguard._boot.startup",
-    "capture_disabled": "cgguard._gate.switch",
-    "capture_enabled": "cgguard._gate.switch",
+    "capture_disabled": "cgguard._switch",
+    "capture_enabled": "cgguard._switch",
     "census": "cgguard._install",
-    "follow_flag": "cgguard._gate.follow",
+    "follow_flag": "cgguard._switch",
     "install": "cgguard._install",
-    "is_capture_enabled": "cgguard._gate.switch",
+    "is_capture_enabled": "cgguard._switch",
     "is_installed": "cgguard._install",
-    "set_capture_enabled": "cgguard._gate.switch",
+    "set_capture_enabled": "cgguard._switch",
     "status": "cgguard._install",
     "uninstall": "cgguard._install",
 }

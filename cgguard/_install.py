@@ -3,29 +3,19 @@ on torch now or when torch is imported, and what it is doing."""
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import importlib
-import os
 import sys
-import threading
 from typing import TYPE_CHECKING, NamedTuple
 
+from cgguard import _process
 from cgguard._boot import startup as _startup
-from cgguard._census import compile_skips as _compile_skips
 from cgguard._config import settings as _settings
 from cgguard._config.config import Config
 from cgguard._core.installation import Installation
 from cgguard._data.ledger import Run
 from cgguard._errors import ConfigError
-from cgguard._gate import follow as _follow
-from cgguard._gate import profiles as _profiles
-from cgguard._gate import state as _state
-from cgguard._gate import windows as _windows
-from cgguard._gate.flags import FlagSource
-from cgguard._gate.state import FLAG
-from cgguard._reporting import events as _events
-from cgguard._reporting import metrics as _metrics
+from cgguard._gate.profiles import exemptions as profile_exemptions
 from cgguard._reporting.log import EventLog
 from cgguard._reporting.report_file import ReportFile
 from cgguard._reporting.reporter import Reporter
@@ -43,11 +33,6 @@ if TYPE_CHECKING:
     from cgguard._gate.windows import WindowInfo
     from cgguard._rules.record import Record
     from cgguard._support.frames import FrameInfo
-
-PATCH_ON_IMPORT = "cgguard._install:patch_on_import"
-
-_lock = threading.RLock()
-_process_hooks = False  # the exit summary and the fork handler, registered once per process
 
 
 class CaptureInfo(NamedTuple):
@@ -96,18 +81,18 @@ def install(config: Config | None = None) -> None:
         raise ConfigError(
             f"install(config={config!r}): accepted values are None or a cgguard.Config"
         )
-    with _lock:
-        installation = _state.current
+    process = _process.PROCESS
+    with process.lock:
+        installation = process.installation
         if installation is not None and config is None:
             return
         installation, replaced = _configure(
-            installation, config if config is not None else Config()
+            process, installation, config if config is not None else Config()
         )
-        _register_process_hooks()
         # Patched already, or to be once torch is imported: nothing more to do now.
         done = bool(installation.patches)
         if not done and "torch" not in sys.modules:
-            _startup.when_imported("torch", PATCH_ON_IMPORT)
+            _startup.when_imported("torch", patch_on_import)
             done = True
     if replaced is not None:
         # Outside the lock: a violation in flight through the old reporter may be a listener's
@@ -124,17 +109,16 @@ def install(config: Config | None = None) -> None:
 
 def uninstall() -> None:
     """Put torch's attributes back exactly as they were and stop reporting. Idempotent."""
-    with _lock:
-        _startup.cancel("torch", PATCH_ON_IMPORT)
-        _follow.unfollow_all()  # follow_flag() made before install() too
-        _windows.forget_all()
-        _profiles.switch(False)
-        _compile_skips.unwatch()
-        _metrics.unwant()
-        installation = _state.current
+    process = _process.PROCESS
+    with process.lock:
+        _startup.cancel("torch", patch_on_import)
+        process.gate.stop()  # follow_flag() made before install() too
+        process.skips.stop()
+        process.prometheus.unwant()
+        installation = process.installation
         if installation is None:
             return
-        _state.current = None
+        process.installation = None
         tracker = installation.tracker
         if tracker is not None:
             # A hook someone still holds a reference to (a bound capture_begin, say) lets
@@ -155,25 +139,24 @@ def uninstall() -> None:
 
 def is_installed() -> bool:
     """Whether install() is in effect (the patches may still be waiting for torch's import)."""
-    return _state.current is not None
+    return _process.PROCESS.installation is not None
 
 
 def status() -> Status:
     """What cgguard is doing in this process now: a snapshot, for people and tests."""
-    with _lock:
-        installation = _state.current
-        followed = tuple(
-            source.label for source in _state.FOLLOWED if isinstance(source, FlagSource)
-        )
+    process = _process.PROCESS
+    gate = process.gate
+    with process.lock:
+        installation = process.installation
         if installation is None:
             return Status(
                 installed=False,
                 activated_by=_startup.activated_by,
                 patched=(),
                 waiting_for_torch=False,
-                followed=followed,
-                waiting_to_follow=tuple(_follow.waiting()),
-                capture_enabled=_state.is_capture_enabled(),
+                followed=gate.followed(),
+                waiting_to_follow=tuple(gate.flags.waiting()),
+                capture_enabled=gate.is_capture_enabled(),
                 captures=(),
                 violations={},
                 config=None,
@@ -189,10 +172,10 @@ def status() -> Status:
                 + installation.replay.targets()
                 + installation.watcher_hooks.targets()
             ),
-            waiting_for_torch=PATCH_ON_IMPORT in _startup.pending("torch"),
-            followed=followed,
-            waiting_to_follow=tuple(_follow.waiting()),
-            capture_enabled=_state.is_capture_enabled(),
+            waiting_for_torch=patch_on_import in _startup.pending("torch"),
+            followed=gate.followed(),
+            waiting_to_follow=tuple(gate.flags.waiting()),
+            capture_enabled=gate.is_capture_enabled(),
             captures=tuple(
                 CaptureInfo(record[THREAD].ident or 0, record[API], record[MODE])
                 for record in active
@@ -201,8 +184,8 @@ def status() -> Status:
             config=reporter.config,
             exempted=reporter.run.tally.totals(),
             exemptions=tuple(_exempt_texts(reporter.exemptions)),
-            windows=tuple(_windows.windows()),
-            profiles=tuple(_profiles.profiles()),
+            windows=tuple(gate.windows.infos()),
+            profiles=tuple(gate.profiles.infos()),
             census=reporter.config.census,
         )
 
@@ -212,8 +195,9 @@ def census() -> CensusReport:
     ``captures`` (one entry per capture site) and ``cudagraph_skips`` (torch.compile's skipped
     cudagraphs, per reason and site). Plain values, for a test or a health endpoint; empty
     lists when cgguard is not installed or the census is off."""
-    with _lock:
-        installation = _state.current
+    process = _process.PROCESS
+    with process.lock:
+        installation = process.installation
     if installation is None or not installation.reporter.config.census:
         return {"captures": [], "cudagraph_skips": []}
     counted = installation.run.census
@@ -236,8 +220,10 @@ CaptureMark = tuple["Record", ...]
 
 def open_captures() -> CaptureMark:
     """The captures open now, for forget_captures() to leave alone."""
-    with _lock:
-        tracker = _state.current.tracker if _state.current is not None else None
+    process = _process.PROCESS
+    with process.lock:
+        installation = process.installation
+        tracker = installation.tracker if installation is not None else None
         return tuple(tracker.active.values()) if tracker is not None else ()
 
 
@@ -246,8 +232,10 @@ def forget_captures(kept: CaptureMark = ()) -> list[LeftOpen]:
     start for the next test. CUDA is not told: a capture it holds stays open there."""
     from cgguard._support.frames import render, resolve
 
-    with _lock:
-        tracker = _state.current.tracker if _state.current is not None else None
+    process = _process.PROCESS
+    with process.lock:
+        installation = process.installation
+        tracker = installation.tracker if installation is not None else None
         left = tracker.forget(kept) if tracker is not None else []
     return [
         LeftOpen(
@@ -267,48 +255,49 @@ def _exempt_texts(exemptions: Exemptions | None) -> list[str]:
 
 
 def _configure(
-    installation: Installation | None, config: Config
+    process: _process.Process, installation: Installation | None, config: Config
 ) -> tuple[Installation, Reporter | None]:
     """The installation, built from ``config``, or switched to it whole; with the reporter it
     replaced, if any, for the caller to retire."""
     run = installation.run if installation is not None else Run()
-    reporter = _reporter(config, run)
+    reporter = _reporter(process, config, run)
     replaced = None
     if installation is None:
-        installation = _state.current = Installation(reporter)
+        installation = Installation(reporter, process.gate, process.notes)
+        process.installation = installation
     else:
         replaced = installation.use(reporter)
-    if config.capture is not None:
-        FLAG.set(config.capture == "enabled", None)
-    _follow.follow_vllm(config.vllm_bridge)
-    _windows.declare(config.windows)
-    _profiles.switch(config.profiles != "off", log_only=config.profiles == "log")
+    process.gate.configure(config)
     if config.metrics is not None:
-        _metrics.want()
+        process.prometheus.want()
     else:
-        _metrics.unwant()
-    installation.watch(_watchers(config, installation))
+        process.prometheus.unwant()
+    installation.set_watchers(_watchers(process, config, installation))
     if config.census:
-        _compile_skips.watch()
+        process.skips.start(installation)
     else:
-        _compile_skips.unwatch()
+        process.skips.stop()
     return installation, replaced
 
 
-def _watchers(config: Config, installation: Installation) -> tuple[Watcher, ...]:
+def _watchers(
+    process: _process.Process, config: Config, installation: Installation
+) -> tuple[Watcher, ...]:
     """What ``config`` has follow each capture beyond the rules (cgguard._core.watch), in the
     order they are told: each feature that watches captures adds its own here."""
     watchers: list[Watcher] = []
     if config.census:
-        watchers.append(_census_watcher(config, installation))
+        watchers.append(_census_watcher(process, config, installation))
     if config.inspect:
         from cgguard._inspect.inspector import Inspector
 
-        watchers.append(Inspector(installation, config.inspect_first))
+        watchers.append(Inspector(installation, process.inspections, config.inspect_first))
     return tuple(watchers)
 
 
-def _census_watcher(config: Config, installation: Installation) -> Watcher:
+def _census_watcher(
+    process: _process.Process, config: Config, installation: Installation
+) -> Watcher:
     """The census's watcher, counting into the run's census (kept across reconfiguration)."""
     from cgguard._census.watcher import CensusWatcher
 
@@ -329,26 +318,27 @@ def _census_watcher(config: Config, installation: Installation) -> Watcher:
         memory=memory,
         # Without a report, nothing to tell: a call less per capture.
         changed=changed if config.report is not None else None,
-        counted=_metrics.captured if config.metrics is not None else None,
+        counted=process.prometheus.captured if config.metrics is not None else None,
     )
 
 
-def _reporter(config: Config, run: Run) -> Reporter:
+def _reporter(process: _process.Process, config: Config, run: Run) -> Reporter:
     """How ``config`` answers violations, counting into ``run``."""
     log = EventLog(config.log_format, config.log_file, target=config.target())
     pairs = _exemptions_of(config)
     return Reporter(
         config,
         run,
-        listeners=_state.LISTENERS,
+        listeners=process.listeners,
         log=log,
         report=ReportFile(config, run) if config.report is not None else None,
         exemptions=Exemptions(pairs) if pairs else None,
         profiles=(
-            {name: Exemptions(p) for name, p in _profiles.exemptions().items() if p}
+            {name: Exemptions(p) for name, p in profile_exemptions().items() if p}
             if config.profiles != "off"
             else None
         ),
+        metrics=process.prometheus if config.metrics is not None else None,
     )
 
 
@@ -367,46 +357,11 @@ def _exemptions_of(config: Config) -> list[tuple[str, str]]:
     return list(pairs)
 
 
-def _register_process_hooks() -> None:
-    global _process_hooks
-    if not _process_hooks:
-        atexit.register(_at_exit)
-        os.register_at_fork(after_in_child=_after_fork)
-        _process_hooks = True
-
-
-def _after_fork() -> None:
-    # The one reset of a forked child: a lock held by a parent thread at the fork would never
-    # be released in the child, and the child reports its own violations.
-    global _lock
-    _lock = threading.RLock()
-    _windows.after_fork()
-    if _state.current is not None:
-        _state.current.after_fork()
-
-
-def _at_exit() -> None:
-    """The run's summary, if anything was seen, and the final report."""
-    installation = _state.current
-    if installation is None:
-        return
-    try:
-        reporter = installation.reporter
-        run = reporter.run
-        if run.seen() and reporter.log is not None:
-            reporter.log.emit(_events.summary(run.ledger, run.tally))
-        if run.census.seen() and reporter.log is not None:
-            reporter.log.emit(_events.census(run.census))
-        if reporter.report is not None:
-            reporter.report.close()
-    except Exception as exc:
-        warn_once("exit", f"could not write the exit summary: {exc!r}")
-
-
 def _patch() -> None:
     """Patch torch now; a failure is reported once and the program goes on, unguarded."""
-    with _lock:
-        installation = _state.current
+    process = _process.PROCESS
+    with process.lock:
+        installation = process.installation
         if installation is None or installation.patches:
             return
         try:
@@ -427,8 +382,9 @@ def patch_on_import(_: ModuleType) -> None:
 def refresh_device_sync() -> None:
     """Hook what the simulated runtime put in place since install: its synchronize, and its
     stand-in classes where they do not extend torch's (CUDA builds)."""
-    with _lock:
-        installation = _state.current
+    process = _process.PROCESS
+    with process.lock:
+        installation = process.installation
         if installation is not None and installation.patches:
             from cgguard._core.patches import patch_device_sync
 
@@ -437,7 +393,8 @@ def refresh_device_sync() -> None:
 
 def release_device_sync() -> None:
     """Let go of torch._C._cuda_synchronize (and any stand-in's hooks) before it is replaced."""
-    with _lock:
-        installation = _state.current
+    process = _process.PROCESS
+    with process.lock:
+        installation = process.installation
         if installation is not None:
             installation.device_sync.restore()

@@ -161,14 +161,14 @@ class _Guard:
     def listening(self) -> Generator[None, None, None]:
         # A listener of its own rather than the log stream: logging drops stacks on repeats,
         # and a test must see every violation in full (PITFALLS, "Reporting and integrations").
-        from cgguard._gate.state import LISTENERS
+        from cgguard import _process
 
-        LISTENERS.append(self._listen)
+        _process.PROCESS.listeners.append(self._listen)
         try:
             yield
         finally:
             with contextlib.suppress(ValueError):  # gone already if someone removed it
-                LISTENERS.remove(self._listen)
+                _process.PROCESS.listeners.remove(self._listen)
 
     def _listen(self, event: ViolationEvent) -> None:
         # Called by whichever thread broke a rule; outside a test there is no one to fail.
@@ -324,9 +324,9 @@ def _judge(report: pytest.TestReport, problems: list[str]) -> None:
 def _drop_abandoned() -> None:
     # A capture left by a thread the test started and ended is this test's violation; found
     # later, it would fail whichever test came next.
-    from cgguard._gate import state as _state
+    from cgguard import _process
 
-    installation = _state.current
+    installation = _process.PROCESS.installation
     if installation is not None and installation.tracker is not None:
         installation.tracker.drop_abandoned()
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import cgguard
-from cgguard._gate import state as _state
+from cgguard import _process
 from cgguard._support import warn as _warn
 from cgguard.testing import capture_violations
 
@@ -106,11 +106,11 @@ def _clean_cuda_device(request: pytest.FixtureRequest) -> Iterator[None]:
 def _clean_process() -> Iterator[None]:
     environ = dict(os.environ)
     path = list(sys.path)
-    listeners = list(_state.LISTENERS)  # a session under `pytest --cgguard` has its own
+    listeners = list(_process.PROCESS.listeners)  # a session under `pytest --cgguard` has its own
     yield
     cgguard.uninstall()
-    _state.reset()
-    _state.LISTENERS.extend(listeners)
+    _process.reset()
+    _process.PROCESS.listeners.extend(listeners)
     os.environ.clear()
     os.environ.update(environ)
     sys.path[:] = path

@@ -7,6 +7,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from cgguard import _process
+
 # The sentence that opens every capture_disabled message: vLLM's own wording.
 DISABLED_SENTENCE = (
     "CUDA graph capturing detected at an inappropriate time. This operation is currently disabled."
@@ -15,9 +17,8 @@ DISABLED_SENTENCE = (
 
 def tracker() -> Any:
     """The capture path of the installation in effect (torch is patched)."""
-    from cgguard._gate import state as _state
 
-    installation = _state.current
+    installation = _process.PROCESS.installation
     assert installation is not None
     assert installation.tracker is not None
     return installation.tracker
@@ -25,10 +26,9 @@ def tracker() -> Any:
 
 def run_seen() -> Any:
     """What the installation in effect has seen."""
-    from cgguard._gate import state as _state
 
-    assert _state.current is not None
-    return _state.current.run
+    assert _process.PROCESS.installation is not None
+    return _process.PROCESS.installation.run
 
 
 def patched_count() -> int:

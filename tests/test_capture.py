@@ -19,8 +19,8 @@ from helpers import DISABLED_SENTENCE, SourceFile, tracker
 from torch.cuda import graph as graph_taken_early
 
 import cgguard
+from cgguard import _process
 from cgguard._core import tracker as _capture
-from cgguard._gate import state as _state
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -613,7 +613,7 @@ def test_capture_begun_while_another_is_being_reported_is_concurrent(
 
         c = run_in_thread(thread_c)
         assert c_began.wait(timeout=20)
-        _state.LISTENERS.append(slow_report)
+        _process.PROCESS.listeners.append(slow_report)
         with torch.cuda.graph(torch.cuda.CUDAGraph()):  # global: concurrent with C, then B
             pass
         release.set()

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import cgguard
+from cgguard import _process
 from cgguard._census import watcher as _watcher
 from cgguard._census.watcher import CensusWatcher
 from cgguard._core import tracker as _capture
@@ -24,7 +25,7 @@ from cgguard._data import census as _census
 from cgguard._data import census_merge as _census_merge
 from cgguard._data.census import Census, skip_reason
 from cgguard._data.ledger import Run
-from cgguard._gate import state as _state
+from cgguard._gate.flags import CaptureFlag
 from cgguard._reporting import log as _log
 from cgguard._reporting.reporter import Reporter
 from cgguard.testing import simulated_cuda
@@ -393,7 +394,7 @@ def test_reconfiguration_keeps_the_census_and_off_stops_it(installed: None) -> N
         False,
         {"captures": [], "cudagraph_skips": []},
     )
-    installation = _state.current
+    installation = _process.PROCESS.installation
     assert installation is not None
     assert [s.count for s in installation.run.census.sites()] == [2]
 
@@ -443,8 +444,8 @@ def path_without_torch(census: Census, probe: Any = None) -> tuple[Any, Any, Any
     whose memory probe is ``probe``: a capture_begin of a graph, capture_end, and the
     capture_begin hook itself (whose caller is the capture's site)."""
     reporter = Reporter(cgguard.Config(mode="log"), Run(census), listeners=[])
-    tracker = Tracker(NO_TORCH, reporter, flag=_state.CaptureFlag(), follows=[])
-    tracker.watch((CensusWatcher(census, replays=False, memory=lambda: probe),))
+    tracker = Tracker(NO_TORCH, reporter, flag=CaptureFlag(), follows=[])
+    tracker.set_watchers((CensusWatcher(census, replays=False, memory=lambda: probe),))
     end = tracker.make_capture_end(_Graph.capture_end)
 
     def begin(graph: _Graph, *args: Any, **kwargs: Any) -> None:
@@ -747,7 +748,7 @@ def test_the_probe_prints_a_census_of_its_own_captures() -> None:
 
 def test_the_reports_entries_follow_each_change_of_their_site(installed: None) -> None:
     """An entry built for the report is reused only while its site is unchanged."""
-    installation = _state.current
+    installation = _process.PROCESS.installation
     assert installation is not None
     census = installation.run.census
     captured()

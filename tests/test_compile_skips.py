@@ -161,12 +161,14 @@ def test_a_module_imported_later_is_hooked_on_import(monkeypatch: pytest.MonkeyP
     """Installed before torch._dynamo.utils is imported: hooked once it is, never imported by
     cgguard itself."""
     monkeypatch.delitem(sys.modules, _compile_skips.MODULE, raising=False)
+    from cgguard import _process
     from cgguard._boot import startup as _startup
 
     cgguard.install(cgguard.Config(log_file=os.devnull))
-    assert _compile_skips.ON_IMPORT in _startup.pending(_compile_skips.MODULE)
+    hook = _process.PROCESS.skips.hook
+    assert hook in _startup.pending(_compile_skips.MODULE)
     cgguard.uninstall()
-    assert _compile_skips.ON_IMPORT not in _startup.pending(_compile_skips.MODULE)
+    assert hook not in _startup.pending(_compile_skips.MODULE)
 
 
 @pytest.mark.skipif(not COUNTS_CPU_CUDAGRAPH_SKIPS, reason="torch counts no CPU cudagraph skip")

@@ -22,6 +22,7 @@ import torch
 from helpers import SourceFile
 
 import cgguard
+from cgguard import _process
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -647,14 +648,13 @@ def test_summary_of_a_run_that_only_exempted_is_info(
     runtime: Runtime, make_module: Make, tmp_path: Path
 ) -> None:
     """A run whose every broken rule was exempted still gets its exit summary, at info level."""
-    from cgguard import _install
 
     kernels = make_module("exempt_info_p", KERNELS)
     log = tmp_path / "events.jsonl"
     install("capture_disabled=exempt_info_p", log_file=str(log))
     with cgguard.capture_disabled():
         kernels.Kernel().run()
-    _install._at_exit()  # what the interpreter's exit runs
+    _process._at_exit()  # what the interpreter's exit runs
     events = [json.loads(line) for line in log.read_text().splitlines()]
     # The census of the capture that went ahead follows it.
     (summary,) = [event for event in events if event["event"] == "cgguard.summary"]
@@ -670,10 +670,11 @@ def test_summary_of_a_run_that_only_exempted_is_info(
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_child_forked_while_another_thread_matches_exemptions_does_not_hang() -> None:
     """A lock another thread held at the fork is the child's own again, so matching goes on."""
-    from cgguard._gate import state as _state
+    from cgguard import _process
 
     install("capture_disabled=cgg_nowhere.")
-    exempt = _state.current.reporter.exemptions if _state.current is not None else None
+    installation = _process.PROCESS.installation
+    exempt = installation.reporter.exemptions if installation is not None else None
     assert exempt is not None
     holding, release = threading.Event(), threading.Event()
 
@@ -691,9 +692,9 @@ def test_a_child_forked_while_another_thread_matches_exemptions_does_not_hang() 
     if pid == 0:  # the child: one frame to match, which takes the lock
         code = 0
         try:
-            assert _state.current is not None
+            assert _process.PROCESS.installation is not None
             # The exemptions the child's violations are matched against.
-            child = _state.current.reporter.exemptions
+            child = _process.PROCESS.installation.reporter.exemptions
             assert child is not None
             child.match("capture_disabled", (sys._getframe().f_code, 0))
         except BaseException:
@@ -756,13 +757,12 @@ def test_catch_all_under_the_logging_target_still_says_so(
 ) -> None:
     """Under the logging target at its default level, the debug line and the summary of a
     catch-all's exempted captures pass no handler: the one line said at install is on stderr."""
-    from cgguard import _install
 
     kernels = make_module("exempt_every_q", KERNELS)
     cgguard.install(cgguard.Config(exempt="capture_disabled=*/*", log_target="logging"))
     with cgguard.capture_disabled():
         kernels.Kernel().run()
-    _install._at_exit()  # what the interpreter's exit runs
+    _process._at_exit()  # what the interpreter's exit runs
     expected = (
         {"capture_disabled": 1},
         [],

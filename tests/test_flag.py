@@ -8,7 +8,7 @@ import pytest
 from helpers import SourceFile
 
 import cgguard
-from cgguard._gate.state import FLAG
+from cgguard import _process
 from cgguard._support.frames import render
 
 line_of = SourceFile(__file__).line_of
@@ -16,7 +16,7 @@ line_of = SourceFile(__file__).line_of
 
 def changed_at() -> tuple[str, int] | None:
     """(function, line) of the innermost frame where the flag got its current value."""
-    origin = FLAG.changed_at
+    origin = _process.PROCESS.gate.flag.changed_at
     if origin is None:
         return None
     last = render(origin)[-1]
@@ -26,7 +26,7 @@ def changed_at() -> tuple[str, int] | None:
 
 def test_enabled_at_start_with_no_origin() -> None:
     """A fresh process allows captures and has no record of a change."""
-    assert (cgguard.is_capture_enabled(), FLAG.changed_at) == (True, None)
+    assert (cgguard.is_capture_enabled(), _process.PROCESS.gate.flag.changed_at) == (True, None)
 
 
 def test_set_capture_enabled_records_where() -> None:
@@ -78,7 +78,7 @@ def test_context_managers_nest() -> None:
             assert changed_at() == ("test_context_managers_nest", line_of("@outer-disabled"))
         seen.append(cgguard.is_capture_enabled())
     assert seen == [True, False, True, False, True]
-    assert FLAG.changed_at is None
+    assert _process.PROCESS.gate.flag.changed_at is None
 
 
 def test_restores_on_exception() -> None:

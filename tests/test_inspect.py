@@ -19,6 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import cgguard
+from cgguard import _process
 from cgguard._inspect import inspector as _inspect
 from cgguard._inspect import liveness as _liveness
 from cgguard._inspect.sync_ops import SYNC_OPS, syncs
@@ -953,7 +954,7 @@ def test_an_op_from_a_thread_with_no_python_frames_is_inspected(
     cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
     x = torch.arange(3.0)
     with torch.cuda.graph(torch.cuda.CUDAGraph()):
-        watch = _inspect._watches()[-1]
+        watch = _process.PROCESS.inspections.watches()[-1]
         assert watch.inputs is not None
         seen = watch.inputs.seen
         # functools.partial is no Python frame: the mode's own is the thread's first.

@@ -16,9 +16,9 @@ import wrapt
 from helpers import SourceFile, patched_count, standin_hooks, torch_entry_points, tracker
 
 import cgguard
+from cgguard import _process
 from cgguard._core import patches as _patches
 from cgguard._gate.profiles import ProfileInfo
-from cgguard._gate.state import FLAG
 from cgguard._gate.windows import WindowInfo
 from cgguard._install import CaptureInfo
 from cgguard.testing import _simcuda, active_simulation, simulated_cuda
@@ -122,7 +122,7 @@ def test_install_rejects_a_non_config() -> None:
 def test_install_applies_the_configured_capture_flag() -> None:
     """Config(capture="disabled") sets the flag off at install, with no stack behind it."""
     cgguard.install(cgguard.Config(capture="disabled"))
-    assert (cgguard.is_capture_enabled(), FLAG.changed_at) == (False, None)
+    assert (cgguard.is_capture_enabled(), _process.PROCESS.gate.flag.changed_at) == (False, None)
 
 
 def test_uninstall_restores_attributes_exactly() -> None:

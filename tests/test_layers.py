@@ -30,10 +30,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_reporting",),
     ("_core",),
     ("_inspect", "_census"),  # the opt-in features, each on the core, neither on the other
-    ("_install",),  # the composition root
+    ("_process",),  # the process's state, in one owner
+    ("_install", "_switch"),  # the composition root, and the capture flag as the program sets it
     ("_commands",),
-    ("_activation", "_startup", "testing"),
-    ("pytest_plugin", "__init__", "__main__"),
+    ("__init__",),  # the public face
+    ("testing",),
+    ("_activation", "_startup"),
+    ("pytest_plugin", "__main__"),
 )
 TIER = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
 
@@ -123,13 +126,13 @@ def test_every_unit_of_the_package_is_declared() -> None:
         pytest.param(
             "_support/text.py",
             "\ndef _planted():\n    from cgguard._install import install\n",
-            "_support -> _install (cgguard._install.install)",
+            "_support -> _install (cgguard._install)",
             id="in-a-function",
         ),
         pytest.param(
             "_rules/checks.py",
             "\nif TYPE_CHECKING:\n    from cgguard._core.tracker import Tracker\n",
-            "_rules -> _core (cgguard._core.tracker.Tracker)",
+            "_rules -> _core (cgguard._core.tracker)",
             id="for-types-only",
         ),
         pytest.param(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import cgguard
+from cgguard import _process
 from cgguard._reporting import metrics as _metrics
 
 if TYPE_CHECKING:
@@ -249,12 +250,10 @@ def test_metrics_without_the_client_is_one_warning(
 ) -> None:
     """prometheus_client not importable: one line naming the setting, and no metrics."""
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
-    monkeypatch.setattr(_metrics, "_active", None)
-    monkeypatch.setattr(_metrics, "_failed", False)
-    monkeypatch.setattr(_metrics, "_wanted", False)
+    monkeypatch.setattr(_metrics, "_registered", [])
     cgguard.install(cgguard.Config(log_file=os.devnull, metrics="prometheus"))
     cgguard.install(cgguard.Config(log_file=os.devnull, metrics="prometheus"))
-    assert _metrics.active() is None
+    assert _process.PROCESS.prometheus.active() is None
     assert capsys.readouterr().err == (
         "cgguard: metrics='prometheus' (CGGUARD_METRICS) needs prometheus_client, which is not "
         "importable here: no metrics (pip install 'cgguard[metrics]')\n"

@@ -448,10 +448,10 @@ def test_a_declared_window_on_a_profiles_function_is_one_wrapper(
         plugin.serve()
     cgguard.uninstall()
     runner.start()  # the function put back: nothing of cgguard's runs, nothing is followed
-    from cgguard._gate import state as _state
+    from cgguard import _process
 
     put_back = vars(runner.GPUModelRunner)["capture_model"] is original
-    assert (both, kept, put_back, _state.FOLLOWED) == (2, ["watched"], True, [])
+    assert (both, kept, put_back, _process.PROCESS.gate.follows) == (2, ["watched"], True, [])
 
 
 def test_a_forked_child_forgets_the_window_calls_of_other_threads(

@@ -651,9 +651,9 @@ IDLE["test_idle"] = f"""
     def test_idle():
         assert [] == sorted(m for m in {HEAVY!r} if m in sys.modules)
         import cgguard
-        from cgguard._gate.state import LISTENERS
+        from cgguard import _process
 
-        assert (False, []) == (cgguard.is_installed(), LISTENERS)
+        assert (False, []) == (cgguard.is_installed(), _process.PROCESS.listeners)
 """
 
 

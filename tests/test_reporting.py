@@ -21,7 +21,7 @@ import pytest
 from helpers import DISABLED_SENTENCE, SourceFile, run_seen, tracker
 
 import cgguard
-from cgguard._gate import state as _state
+from cgguard import _process
 from cgguard._reporting import events as _events
 from cgguard._reporting import report_file as _report_file
 from cgguard._support import threads as _threads
@@ -70,17 +70,17 @@ import sys
 import threading
 
 import cgguard
-from cgguard._support.frames import snapshot
-from cgguard._gate import state as _state
+from cgguard import _process
 from cgguard._core.tracker import NO_TORCH, Tracker
+from cgguard._support.frames import snapshot
 
 
 def check(stack):
     # A capture attempt at ``stack``, checked as torch's hooks check one (torch is not
     # imported here: a capture path of its own, answered by the installation's reporter).
-    tracker = Tracker(
-        NO_TORCH, _state.current.reporter, flag=_state.FLAG, follows=_state.FOLLOWED
-    )
+    process = _process.PROCESS
+    gate = process.gate
+    tracker = Tracker(NO_TORCH, process.installation.reporter, flag=gate.flag, follows=gate.follows)
     tracker.check("torch.cuda.graph", 1, "global", stack, None)
 
 
@@ -1449,8 +1449,8 @@ def test_the_writing_thread_rests_after_a_write_and_uninstall_ends_the_rest(
     cgguard.install(
         cgguard.Config(mode="log", log_file=os.devnull, report=str(report), capture="disabled")
     )
-    assert _state.current is not None
-    writer = _state.current.reporter.report
+    assert _process.PROCESS.installation is not None
+    writer = _process.PROCESS.installation.reporter.report
     assert writer is not None
     code = here()[0]
     violate((code, 0))

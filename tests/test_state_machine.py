@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import cgguard
-from cgguard._gate.state import FLAG
+from cgguard import _process
 from cgguard.testing import capture_violations, simulated_cuda
 
 pytestmark = pytest.mark.simulated
@@ -179,7 +179,7 @@ class CaptureMachine(RuleBasedStateMachine):
         self.violations_cm.__exit__(None, None, None)
         cgguard.uninstall()
         self.simulation_cm.__exit__(None, None, None)
-        FLAG.set(True, None)
+        _process.PROCESS.gate.flag.set(True, None)
 
 
 CaptureMachine.TestCase.settings = settings(

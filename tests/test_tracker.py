@@ -11,11 +11,11 @@ import pytest
 from helpers import DISABLED_SENTENCE, SourceFile, thread, tracker
 
 import cgguard
+from cgguard import _process
 from cgguard._core import tracker as _capture
 from cgguard._core.tracker import NO_TORCH, Tracker
 from cgguard._data.ledger import Run
-from cgguard._gate import state as _state
-from cgguard._gate.state import FLAG, LISTENERS
+from cgguard._gate.flags import CaptureFlag, FlagSource
 from cgguard._install import CaptureInfo
 from cgguard._reporting.reporter import Reporter
 from cgguard._rules.record import Disabler
@@ -108,7 +108,7 @@ def test_a_capture_is_active_from_the_moment_torch_begins_it() -> None:
 def test_disabled_event_is_the_documented_schema(events: list[dict[str, object]]) -> None:
     """A refused attempt while disabled produces exactly the documented event, and raises it."""
     cgguard.install()
-    FLAG.set(False, stack_of(runner_disables))
+    _process.PROCESS.gate.flag.set(False, stack_of(runner_disables))
     with pytest.raises(cgguard.CaptureDisabledError) as raised:
         check(_capture.API_GRAPH, 1, "global", stack_of(plugin_captures))
     (event,) = events
@@ -291,7 +291,7 @@ def test_ranks_come_before_the_timestamp(
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "8")
     cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
-    FLAG.set(False, stack_of(runner_disables))
+    _process.PROCESS.gate.flag.set(False, stack_of(runner_disables))
     check(_capture.API_GRAPH, 1, "global", stack_of(plugin_captures))
     (event,) = events
     head = ["event", "level", "rule", "action", "api", "message", "count", "thread", "thread_id"]
@@ -312,7 +312,7 @@ def test_only_the_ranks_set_are_reported(
     """Only RANK set: the event has rank and neither local_rank nor world_size."""
     monkeypatch.setenv("RANK", "0")
     cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
-    FLAG.set(False, None)
+    _process.PROCESS.gate.flag.set(False, None)
     check(_capture.API_GRAPH, 1, "global", stack_of(plugin_captures))
     (event,) = events
     keys = list(event)
@@ -323,7 +323,7 @@ def test_only_the_ranks_set_are_reported(
 def test_count_is_per_site(events: list[dict[str, object]]) -> None:
     """Each event's count is its count at its site: the rule at one place in the user's code."""
     cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
-    FLAG.set(False, None)
+    _process.PROCESS.gate.flag.set(False, None)
     for stack in (plugin_captures, plugin_captures, other_begins, plugin_captures):
         check(_capture.API_GRAPH, 1, "global", stack_of(stack))
     mine = record(threading.get_ident())
@@ -386,7 +386,7 @@ def test_rule_off_is_silent_and_uncounted(mode: str, events: list[dict[str, obje
     cgguard.install(cgguard.Config(mode=mode, rules=rules))  # type: ignore[arg-type]
     mine, other = record(threading.get_ident(), 1), record(12345, 2)
     tracker().active.update({1: mine, 2: other})
-    FLAG.set(False, None)
+    _process.PROCESS.gate.flag.set(False, None)
     got = check(_capture.API_GRAPH, 3, "global", stack_of(plugin_captures))
     user_synchronizes()
     assert (got[0], events, cgguard.status().violations) == (3, [], {})
@@ -400,7 +400,7 @@ def test_each_rule_takes_its_own_action(events: list[dict[str, object]]) -> None
     cgguard.install(config)
     mine, other = record(threading.get_ident(), 1), record(12345, 2)
     tracker().active.update({1: mine, 2: other})
-    FLAG.set(False, None)
+    _process.PROCESS.gate.flag.set(False, None)
     with pytest.raises(cgguard.NestedCaptureError) as raised:
         check(_capture.API_GRAPH, 3, "global", stack_of(plugin_captures))
     assert [(e["rule"], e["action"]) for e in events] == [
@@ -415,7 +415,7 @@ def test_raise_mode_raises_the_first_and_reports_all(events: list[dict[str, obje
     cgguard.install()
     mine = record(threading.get_ident())
     tracker().active[mine[0]] = mine
-    FLAG.set(False, None)
+    _process.PROCESS.gate.flag.set(False, None)
     with pytest.raises(cgguard.CaptureDisabledError):
         check(_capture.API_GRAPH, 2, "global", stack_of(plugin_captures))
     assert [(e["rule"], e["action"]) for e in events] == [
@@ -451,7 +451,7 @@ def test_internal_error_lets_the_capture_through(
 ) -> None:
     """A bug inside the guard is one stderr line and an unchecked capture, never a crash."""
     cgguard.install()
-    FLAG.set(False, None)
+    _process.PROCESS.gate.flag.set(False, None)
 
     def broken(*args: object) -> None:
         raise LookupError("guard bug")
@@ -493,8 +493,8 @@ def test_failing_listener_does_not_stop_the_report(
     def bad(event: dict[str, object]) -> None:
         raise ValueError("listener bug")
 
-    LISTENERS.insert(0, bad)
-    FLAG.set(False, None)
+    _process.PROCESS.listeners.insert(0, bad)
+    _process.PROCESS.gate.flag.set(False, None)
     with pytest.raises(cgguard.CaptureDisabledError):
         check(_capture.API_GRAPH, 1, "global", ())
     assert len(events) == 1
@@ -544,7 +544,7 @@ def test_a_report_that_cannot_be_built_still_refuses(
 
     monkeypatch.setattr(_events, "violation", broken)
     cgguard.install(cgguard.Config(log_file=os.devnull))
-    FLAG.set(False, None)
+    _process.PROCESS.gate.flag.set(False, None)
     for _ in range(2):
         with pytest.raises(cgguard.CaptureDisabledError) as raised:
             check(_capture.API_GRAPH, 1, "global", stack_of(plugin_captures))
@@ -573,7 +573,7 @@ def test_a_report_that_cannot_be_built_lets_a_logged_violation_through(
 
     monkeypatch.setattr(_events, "violation", broken)
     cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
-    FLAG.set(False, None)
+    _process.PROCESS.gate.flag.set(False, None)
     assert check(_capture.API_GRAPH, 9, "global", ())[0] == 9
 
 
@@ -584,7 +584,7 @@ def test_a_rank_that_is_not_a_plain_number_is_kept_as_text(
     """RANK="²" (a digit to str.isdigit(), not to int()) is reported as it is; the refusal holds."""
     monkeypatch.setenv("RANK", raw)
     cgguard.install(cgguard.Config(log_file=os.devnull))
-    FLAG.set(False, None)
+    _process.PROCESS.gate.flag.set(False, None)
     with pytest.raises(cgguard.CaptureDisabledError):
         check(_capture.API_GRAPH, 1, "global", stack_of(plugin_captures))
     assert [event["rank"] for event in events] == [kept]
@@ -602,7 +602,7 @@ def test_a_followed_flag_that_cannot_be_read_allows_with_one_warning(
             raise OSError("flag unreadable")
 
     cgguard.install(cgguard.Config(log_file=os.devnull))
-    tracker().follows.append(_state.FlagSource(Broken("cgg_broken"), "capture_ok"))
+    tracker().follows.append(FlagSource(Broken("cgg_broken"), "capture_ok"))
     assert cgguard.is_capture_enabled() is True
     mine = record(threading.get_ident())
     tracker().active[mine[0]] = mine
@@ -617,7 +617,7 @@ def test_a_capture_path_built_alone_shares_nothing_with_the_process() -> None:
     """A tracker with its own flag and a reporter with its own listeners decide and report
     without any installation."""
     seen: list[object] = []
-    flag = _state.CaptureFlag()
+    flag = CaptureFlag()
     run = Run()
     reporter = Reporter(cgguard.Config(mode="log"), run, listeners=[seen.append])
     alone = Tracker(NO_TORCH, reporter, flag=flag, follows=[])
@@ -628,7 +628,11 @@ def test_a_capture_path_built_alone_shares_nothing_with_the_process() -> None:
         ["capture_disabled"],
         {"capture_disabled": 1},
     )
-    assert (cgguard.is_installed(), cgguard.is_capture_enabled(), FLAG.enabled) == (
+    assert (
+        cgguard.is_installed(),
+        cgguard.is_capture_enabled(),
+        _process.PROCESS.gate.flag.enabled,
+    ) == (
         False,
         True,
         True,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import cgguard
+from cgguard import _process
 from cgguard._data.ledger import Run
 from cgguard._reporting.log import EventLog
 from cgguard._reporting.reporter import Reporter
@@ -110,8 +111,6 @@ def test_an_older_configurations_final_report_never_replaces_a_newer_ones(
     once the violation leaves, the file holds the latest configuration, not the first."""
     from helpers import tracker
 
-    from cgguard._gate import state as _state
-
     def config(n: int, report: str) -> cgguard.Config:
         log = str(tmp_path / f"log{n}")
         return cgguard.Config(mode="log", log_file=log, report=str(tmp_path / report))
@@ -124,7 +123,7 @@ def test_an_older_configurations_final_report_never_replaces_a_newer_ones(
 
     switched: list[bool] = []
     cgguard.install(config(1, "x.json"))
-    _state.LISTENERS.append(listener)
+    _process.PROCESS.listeners.append(listener)
     cgguard.set_capture_enabled(False)
     tracker().check("torch.cuda.graph", 1, "global", stack(), None)
     import json
@@ -140,7 +139,6 @@ def test_counts_made_while_switching_to_the_same_report_reach_it(tmp_path: Path)
 
     from helpers import tracker
 
-    from cgguard._gate import state as _state
     from cgguard._support.threads import this_thread
 
     report = tmp_path / "r.json"
@@ -156,7 +154,7 @@ def test_counts_made_while_switching_to_the_same_report_reach_it(tmp_path: Path)
     switched: list[bool] = []
     cgguard.install(config(1))
     tracker().active[7] = (7, this_thread(), "CUDAGraph.capture_begin", "global", stack(), None)
-    _state.LISTENERS.append(listener)
+    _process.PROCESS.listeners.append(listener)
     cgguard.set_capture_enabled(False)
     tracker().check("torch.cuda.graph", 1, "global", stack(), None)  # disabled and nested
     expected = {"capture_disabled": 1, "nested_capture": 1}
@@ -176,8 +174,6 @@ def test_switching_configuration_does_not_wait_on_a_listener_that_asks_for_statu
 
     from helpers import tracker
 
-    from cgguard._gate import state as _state
-
     inside, waited = threading.Event(), []
 
     def listener(event: object) -> None:
@@ -189,7 +185,7 @@ def test_switching_configuration_does_not_wait_on_a_listener_that_asks_for_statu
             waited.append(time.monotonic() - start)
 
     cgguard.install(cgguard.Config(mode="log", log_file=str(tmp_path / "a")))
-    _state.LISTENERS.append(listener)
+    _process.PROCESS.listeners.append(listener)
     cgguard.set_capture_enabled(False)
     thread = threading.Thread(
         target=tracker().check,

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import cgguard
+from cgguard import _process
 from cgguard._core.watch import Watcher
-from cgguard._gate import state as _state
 from cgguard._rules.record import ABANDONED, ENDED, FAILED
 from cgguard.testing import simulated_cuda
 
@@ -49,9 +49,9 @@ class Recorder(Watcher):
 
 
 def watch(*watchers: Watcher) -> None:
-    installation = _state.current
+    installation = _process.PROCESS.installation
     assert installation is not None
-    installation.watch(watchers)
+    installation.set_watchers(watchers)
 
 
 @pytest.fixture
@@ -312,11 +312,11 @@ def test_replays_are_watched_by_a_watcher_set_before_torch_was_patched() -> None
     replays = Recorder(replays=True)
     with simulated_cuda():
         cgguard.install(cgguard.Config(log_file="/dev/null"))
-        installation = _state.current
+        installation = _process.PROCESS.installation
         assert installation is not None
         tracker = installation.tracker
         installation.tracker = None  # as before torch's import
-        installation.watch((replays,))
+        installation.set_watchers((replays,))
         installation.tracker = tracker
         assert REPLAY not in cgguard.status().patched
         from cgguard._core.patches import patch_device_sync

@@ -378,11 +378,11 @@ def test_uninstall_puts_back_and_reconfiguring_swaps_the_windows(fw: Path, cuda:
 def test_no_window_entered_keeps_the_capture_path_as_it_was(fw: Path) -> None:
     """Declared and not yet entered, function windows add nothing to what the capture path
     reads: no followed source at all."""
-    from cgguard._gate import state as _state
+    from cgguard import _process
 
     cgguard.install(cgguard.Config(windows=WINDOW, vllm_bridge=False))
     modules()
-    assert _state.FOLLOWED == []
+    assert _process.PROCESS.gate.follows == []
 
 
 def test_cgguard_info_shows_the_windows() -> None:

@@ -22,25 +22,28 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from cgguard._boot import startup as _startup
-from cgguard._gate import state as _state
+from cgguard._data.census import skip_reason
 from cgguard._support.frames import innermost_visible, snapshot_from
 from cgguard._support.warn import warn_once
 
 if TYPE_CHECKING:
     from types import FrameType, ModuleType
 
+    from cgguard._core.installation import Installation
+
 MODULE = "torch._dynamo.utils"
-ON_IMPORT = "cgguard._census.compile_skips:on_import"
 KEY = "cudagraph_skips"
 # The function most skips go through, whose argument is torch's message.
 _LOGGING_FUNCTION = "log_cudagraph_skip_and_bump_counter"
 NO_REASON = "no reason given by torch"
 
-_watching = False
-
 
 class CountingCounter(collections.Counter[str]):
-    """torch's "inductor" counters, telling the census when ``cudagraph_skips`` grows."""
+    """torch's "inductor" counters, telling ``skips`` when ``cudagraph_skips`` grows."""
+
+    def __init__(self, skips: CompileSkips, *args: Any) -> None:
+        super().__init__(*args)
+        self.skips = skips
 
     def __setitem__(self, key: str, value: int) -> None:
         if key != KEY:
@@ -48,8 +51,8 @@ class CountingCounter(collections.Counter[str]):
             return
         before = self.get(key, 0)
         super().__setitem__(key, value)
-        if _watching and isinstance(value, int) and value > before:
-            _skipped(sys._getframe(1), value - before)
+        if isinstance(value, int) and value > before:
+            self.skips.skipped(sys._getframe(1), value - before)
 
     def __reduce__(self) -> tuple[type[collections.Counter[str]], tuple[dict[str, int]]]:
         # Pickled (torch's compile workers, its metrics) as the plain Counter torch made: a
@@ -63,8 +66,11 @@ class _CountingFactory:
     use. Pickled, it is ``collections.Counter`` itself, torch's own factory: ``pickle.dumps``
     of the whole ``counters`` names nothing of cgguard's, and loads where cgguard is not."""
 
+    def __init__(self, skips: CompileSkips) -> None:
+        self.skips = skips
+
     def __call__(self) -> CountingCounter:
-        return CountingCounter()
+        return CountingCounter(self.skips)
 
     def __reduce__(self) -> tuple[type[type], tuple[collections.Counter[str]]]:
         # type(Counter()) is the Counter class: a callable and arguments that pickle names
@@ -72,86 +78,83 @@ class _CountingFactory:
         return type, (collections.Counter(),)
 
 
-_FACTORY = _CountingFactory()
+class CompileSkips:
+    """torch.compile's skipped cudagraphs, counted into an installation's census while started."""
 
+    def __init__(self) -> None:
+        self.installation: Installation | None = None  # None: not counting
 
-def watch() -> None:
-    """Count skipped cudagraphs from now on: at once if torch._dynamo.utils is imported,
-    otherwise once it is."""
-    global _watching
-    _watching = True
-    utils = sys.modules.get(MODULE)
-    if utils is None:
-        _startup.when_imported(MODULE, ON_IMPORT)
-    elif _startup.is_initializing(utils):
-        _startup.when_initialized(utils, on_import)
-    else:
-        on_import(utils)
+    def start(self, installation: Installation) -> None:
+        """Count skipped cudagraphs into ``installation``'s census from now on: at once if
+        torch._dynamo.utils is imported, otherwise once it is."""
+        self.installation = installation
+        utils = sys.modules.get(MODULE)
+        if utils is None:
+            _startup.when_imported(MODULE, self.hook)
+        elif _startup.is_initializing(utils):
+            _startup.when_initialized(utils, self.hook)
+        else:
+            self.hook(utils)
 
-
-def unwatch() -> None:
-    """Stop counting, and give torch plain counters back."""
-    global _watching
-    _watching = False
-    _startup.cancel(MODULE, ON_IMPORT)
-    counters = getattr(sys.modules.get(MODULE), "counters", None)
-    if not isinstance(counters, collections.defaultdict):
-        return
-    try:
-        if isinstance(counters.default_factory, _CountingFactory):
-            counters.default_factory = collections.Counter
-        inductor = counters.get("inductor")
-        if type(inductor) is CountingCounter:
-            counters["inductor"] = collections.Counter(inductor)
-    except Exception as exc:
-        warn_once("skips:unwatch", f"could not restore torch's compile counters: {exc!r}")
-
-
-def on_import(utils: ModuleType) -> None:
-    """Make torch's "inductor" counters, now and after any ``counters.clear()``, count skips.
-
-    ``counters`` is a ``defaultdict(Counter)`` that torch's modules import by name, so the
-    object itself stays: its factory and its "inductor" entry change.
-    """
-    if not _watching:
-        return
-    try:
-        counters: Any = utils.counters
+    def stop(self) -> None:
+        """Stop counting, and give torch plain counters back."""
+        self.installation = None
+        _startup.cancel(MODULE, self.hook)
+        counters = getattr(sys.modules.get(MODULE), "counters", None)
         if not isinstance(counters, collections.defaultdict):
-            warn_once("skips:hook", "torch's compile counters are not as expected: not counted")
             return
-        counters.default_factory = _FACTORY
-        inductor = counters.get("inductor")
-        if type(inductor) is not CountingCounter:
-            counters["inductor"] = CountingCounter(inductor or {})
-    except Exception as exc:
-        warn_once("skips:hook", f"could not watch torch.compile's skipped cudagraphs: {exc!r}")
+        try:
+            if isinstance(counters.default_factory, _CountingFactory):
+                counters.default_factory = collections.Counter
+            inductor = counters.get("inductor")
+            if type(inductor) is CountingCounter:
+                counters["inductor"] = collections.Counter(inductor)
+        except Exception as exc:
+            warn_once("skips:unwatch", f"could not restore torch's compile counters: {exc!r}")
 
+    def hook(self, utils: ModuleType) -> None:
+        """Make torch's "inductor" counters, now and after any ``counters.clear()``, count skips.
 
-def _skipped(frame: FrameType, count: int) -> None:
-    """Count ``count`` skips bumped by ``frame``, with its reason, at the user's call."""
-    try:
-        installation = _state.current
-        if installation is None or not installation.reporter.config.census:
+        ``counters`` is a ``defaultdict(Counter)`` that torch's modules import by name, so the
+        object itself stays: its factory and its "inductor" entry change.
+        """
+        if self.installation is None:
             return
-        message = reason_of(frame)
-        where = innermost_visible(snapshot_from(frame))
-        census = installation.run.census
-        for _ in range(count):
-            census.skipped(message, where)
-        from cgguard._data.census import skip_reason
-        from cgguard._reporting.metrics import active
+        try:
+            counters: Any = utils.counters
+            if not isinstance(counters, collections.defaultdict):
+                warn_once("skips:hook", "torch's compile counters are not as expected: not counted")
+                return
+            counters.default_factory = _CountingFactory(self)
+            inductor = counters.get("inductor")
+            if type(inductor) is not CountingCounter or inductor.skips is not self:
+                counters["inductor"] = CountingCounter(self, inductor or {})
+        except Exception as exc:
+            warn_once("skips:hook", f"could not watch torch.compile's skipped cudagraphs: {exc!r}")
 
-        metrics = active() if installation.reporter.config.metrics is not None else None
-        if metrics is not None:
-            reason = skip_reason(message)
+    def skipped(self, frame: FrameType, count: int) -> None:
+        """Count ``count`` skips bumped by ``frame``, with its reason, at the user's call."""
+        installation = self.installation
+        if installation is None:
+            return
+        try:
+            reporter = installation.reporter  # read once: a reconfiguration swaps it whole
+            if not reporter.config.census:
+                return
+            message = reason_of(frame)
+            where = innermost_visible(snapshot_from(frame))
+            census = installation.run.census
             for _ in range(count):
-                metrics.skipped(reason)
-        report = installation.reporter.report
-        if report is not None:
-            report.changed(new_site=False)
-    except Exception as exc:
-        warn_once("skips:count", f"could not count a skipped cudagraph: {exc!r}")
+                census.skipped(message, where)
+            metrics = reporter.metrics.active() if reporter.metrics is not None else None
+            if metrics is not None:
+                reason = skip_reason(message)
+                for _ in range(count):
+                    metrics.skipped(reason)
+            if reporter.report is not None:
+                reporter.report.changed(new_site=False)
+        except Exception as exc:
+            warn_once("skips:count", f"could not count a skipped cudagraph: {exc!r}")
 
 
 def reason_of(frame: FrameType) -> str:

@@ -12,7 +12,8 @@ from cgguard._support.patchset import PatchSet, describe
 
 if TYPE_CHECKING:
     from cgguard._core.tracker import Tracker
-    from cgguard._core.watch import Watcher
+    from cgguard._core.watch import GraphNotes, Watcher
+    from cgguard._gate.gate import Gate
 
 
 class Installation:
@@ -22,8 +23,12 @@ class Installation:
     counts into is kept across every swap. The tracker exists once torch is patched.
     """
 
-    def __init__(self, reporter: Reporter) -> None:
+    def __init__(self, reporter: Reporter, gate: Gate, notes: GraphNotes) -> None:
         self.reporter = reporter
+        # The process's gate, whose flag and follows the capture path reads, and whether its
+        # graphs may hold watchers' notes.
+        self.gate = gate
+        self.notes = notes
         self.tracker: Tracker | None = None
         # What cgguard._core.patches put on torch: its entry points, and torch._C._cuda_synchronize,
         # which comes and goes with the simulated runtime on CPU builds.
@@ -55,7 +60,7 @@ class Installation:
             self.tracker.reporter = reporter
         return old
 
-    def watch(self, watchers: tuple[Watcher, ...]) -> None:
+    def set_watchers(self, watchers: tuple[Watcher, ...]) -> None:
         """Follow captures with ``watchers`` from now on (the tracker's, once torch is patched);
         the replay hook goes on or comes off with them."""
         for old in self.watchers:
@@ -63,7 +68,7 @@ class Installation:
                 old.retired()
         self.watchers = watchers
         if self.tracker is not None:
-            self.tracker.watch(watchers)
+            self.tracker.set_watchers(watchers)
             self._hook_replays()
             self._hook_watchers()
 
@@ -111,6 +116,7 @@ class Installation:
             exemptions=exemptions,
             profiles={name: Exemptions(e.pairs) for name, e in old.profiles.items()},
             listeners=old.listeners,
+            metrics=old.metrics,
         )
         if self.tracker is not None:
             self.tracker.after_fork()

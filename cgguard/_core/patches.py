@@ -28,7 +28,6 @@ from cgguard._core.tracker import (
     Probes,
     Tracker,
 )
-from cgguard._gate.state import FLAG, FOLLOWED
 from cgguard._support.patchset import describe
 
 if TYPE_CHECKING:
@@ -113,7 +112,14 @@ def patch_torch(installation: Installation) -> None:
         stream_captures=lambda stream: _stream_captures(cuda, stream),
         memory=_memory_probe(cuda),
     )
-    tracker = Tracker(probes, installation.reporter, flag=FLAG, follows=FOLLOWED)
+    gate = installation.gate
+    tracker = Tracker(
+        probes,
+        installation.reporter,
+        flag=gate.flag,
+        follows=gate.follows,
+        notes=installation.notes,
+    )
     patches = installation.patches
     patches.apply(
         [
@@ -236,7 +242,7 @@ def patch_device_sync(installation: Installation) -> None:
         (real_class(importlib.import_module("torch.cuda.graphs").CUDAGraph), "replay"),
         *((cls, "replay") for kind, cls in _standins() if kind == "CUDAGraph"),
     ]
-    installation.watch(installation.watchers)
+    installation.set_watchers(installation.watchers)
     device_sync = installation.device_sync
     if device_sync.targets() == wanted and all(
         device_sync.holds(owner, name) for owner, name, _ in changes

@@ -25,7 +25,7 @@ from threading import get_ident
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cgguard._core.watch import forget_graph, graphs_noted
+from cgguard._core.watch import GraphNotes, forget_graph
 from cgguard._errors import CaptureViolation, hidden_by_pytest
 from cgguard._gate.flags import disabled_by
 from cgguard._reporting.reporter import QUERIES
@@ -121,12 +121,13 @@ class Tracker:
         *,
         flag: CaptureFlag,
         follows: list[FlagSource | Windows],
+        notes: GraphNotes | None = None,
     ) -> None:
         self.probes = probes
         # Replaced whole by install(), read once per violation.
         self.reporter = reporter
-        # The process's (cgguard._gate.state): capture is disabled whether or not cgguard is
-        # installed.
+        # The process's gate's (cgguard._gate.gate): capture is disabled whether or not
+        # cgguard is installed.
         self.flag = flag
         self.follows = follows
         # Set by uninstall(): hooks a caller still holds a reference to let everything through.
@@ -157,11 +158,12 @@ class Tracker:
         # ``led``, the rest's in ``tokens``.
         self.led: dict[int, Told] = {}
         self.tokens: dict[int, Tokens] = {}
-        # Whether graphs may hold a watcher's notes (cgguard._core.watch.graphs_noted): until then,
-        # capture_begin has none to drop.
-        self.forgets = graphs_noted()
+        # Whether graphs may hold a watcher's notes (the process's): until then, capture_begin
+        # has none to drop.
+        self.notes = notes if notes is not None else GraphNotes()
+        self.forgets = self.notes.kept
 
-    def watch(self, watchers: tuple[Watcher, ...]) -> None:
+    def set_watchers(self, watchers: tuple[Watcher, ...]) -> None:
         """Follow each capture begun from now on with ``watchers``, told in that order.
 
         The first is told without the loop the others go through, and its token is kept on
@@ -172,7 +174,7 @@ class Tracker:
         self.lead = watchers[0] if watchers else None
         self.rest = watchers[1:]
         self.replay_watchers = tuple(w for w in watchers if w.wants_replays)
-        self.forgets = graphs_noted(watchers)
+        self.forgets = self.notes.note(watchers)
 
     def after_fork(self) -> None:
         """A forked child's fresh start: the parent's captures belong to threads it lacks."""

@@ -23,17 +23,21 @@ if TYPE_CHECKING:
 GRAPH_NOTES: Final = "_cgguard_inputs"
 
 
-# Whether a watcher that keeps notes on graphs has watched in this process: until one has, no
-# graph holds any, and capture_begin skips forget_graph. Process-wide, not per installation: a
-# graph keeps its notes across a reinstall.
-_noted = False
+class GraphNotes:
+    """Whether graphs may hold a watcher's notes: until a watcher that keeps them
+    (``Watcher.notes_graphs``) has watched, none does, and capture_begin skips forget_graph.
+    The process's (cgguard._process), not an installation's: a graph keeps its notes across a
+    reinstall."""
 
+    __slots__ = ("kept",)
 
-def graphs_noted(watchers: tuple[Watcher, ...] = ()) -> bool:
-    """Whether graphs may hold notes, now that ``watchers`` watch."""
-    global _noted
-    _noted = _noted or any(w.notes_graphs for w in watchers)
-    return _noted
+    def __init__(self) -> None:
+        self.kept = False
+
+    def note(self, watchers: tuple[Watcher, ...]) -> bool:
+        """Whether graphs may hold notes, now that ``watchers`` watch."""
+        self.kept = self.kept or any(w.notes_graphs for w in watchers)
+        return self.kept
 
 
 def forget_graph(graph: Any) -> None:

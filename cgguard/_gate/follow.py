@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from cgguard._boot import startup as _startup
 from cgguard._errors import ConfigError
-from cgguard._gate import state as _state
 from cgguard._gate.flags import FlagSource
 from cgguard._support.frames import snapshot
 from cgguard._support.patchset import PatchSet
 
 if TYPE_CHECKING:
     from types import ModuleType
+
+    from cgguard._gate.flags import Windows
 
 # vLLM's flag, where released vLLM keeps it and where its main branch moved it. There the old
 # name is a sys.modules alias of the new module: whichever name is imported is followed, and
@@ -31,12 +32,15 @@ VLLM_FLAG = ("cudagraph_capturing_enabled", "set_cudagraph_capturing_enabled")
 
 
 class _Follow:
-    """A follow request: applied when its module is imported, undone by unfollow_all()."""
+    """A follow request: applied when its module is imported, undone by undo()."""
 
-    def __init__(self, module: str, attribute: str, setter: str | None) -> None:
+    def __init__(
+        self, module: str, attribute: str, setter: str | None, follows: list[FlagSource | Windows]
+    ) -> None:
         self.module_name = module
         self.attribute = attribute
         self.setter = setter
+        self.follows = follows
         self.source: FlagSource | None = None
         self.patches = PatchSet()
 
@@ -45,7 +49,7 @@ class _Follow:
 
         if any(
             isinstance(s, FlagSource) and s.module is module and s.attribute == self.attribute
-            for s in _state.FOLLOWED
+            for s in self.follows
         ):
             return  # followed already, under another of its names
         source = FlagSource(module, self.attribute)
@@ -63,72 +67,68 @@ class _Follow:
                 module, self.setter, lambda original: wrapt.FunctionWrapper(original, record_where)
             )
         self.source = source
-        _state.FOLLOWED.append(source)
+        self.follows.append(source)
 
     def undo(self) -> None:
         _startup.cancel(self.module_name, self.apply)
-        if self.source is not None and self.source in _state.FOLLOWED:
-            _state.FOLLOWED.remove(self.source)
+        if self.source is not None and self.source in self.follows:
+            self.follows.remove(self.source)
         self.patches.restore()
         self.source = None
 
 
-# The requests made, in order; vLLM's apart, since install() switches it with its config.
-_requests: list[_Follow] = []
-_vllm: list[_Follow] = []
+class FollowedFlags:
+    """The frameworks' flags followed: follow_flag()'s requests, in order, and vLLM's apart,
+    since install() switches it with its configuration. Each flag followed joins ``follows``,
+    what may disable capture besides cgguard's flag."""
 
+    def __init__(self, follows: list[FlagSource | Windows]) -> None:
+        self.follows = follows
+        self.requests: list[_Follow] = []
+        self.vllm: list[_Follow] = []
 
-def follow_flag(module: str, attribute: str, setter: str | None = None) -> None:
-    """Follow a framework's capture flag: captures are refused while ``module.attribute`` is false.
+    def follow(self, module: str, attribute: str, setter: str | None = None) -> None:
+        """Follow ``module.attribute`` (see cgguard.follow_flag)."""
+        for value, what in ((module, "module"), (attribute, "attribute")):
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"follow_flag({what}={value!r}): accepted values are a name")
+        self.requests.append(self._start(module, attribute, setter))
 
-    ``setter``, if given, names the module's function that changes the flag; cgguard wraps it to
-    report where capture was disabled. Works before or after the module is imported. Undone by
-    uninstall().
-    """
-    for value, what in ((module, "module"), (attribute, "attribute")):
-        if not isinstance(value, str) or not value:
-            raise ConfigError(f"follow_flag({what}={value!r}): accepted values are a name")
-    _requests.append(_start(module, attribute, setter))
+    def _start(self, module: str, attribute: str, setter: str | None) -> _Follow:
+        follow = _Follow(module, attribute, setter, self.follows)
+        found = sys.modules.get(module)
+        if found is not None and _startup.is_initializing(found):
+            # Being imported now (its own import of torch activated cgguard, say): its setter
+            # is not defined yet, and is wrapped once the module has run to its end.
+            _startup.when_initialized(found, follow.apply)
+        elif found is not None:
+            follow.apply(found)
+        else:
+            _startup.when_imported(module, follow.apply)
+        return follow
 
+    def follow_vllm(self, enabled: bool) -> None:
+        """Follow vLLM's capture flag (install's default), or stop; other follows are kept."""
+        if self.vllm and not enabled:
+            while self.vllm:
+                self.vllm.pop().undo()
+        elif not self.vllm and enabled:
+            self.vllm.extend(self._start(module, *VLLM_FLAG) for module in VLLM_MODULES)
 
-def _start(module: str, attribute: str, setter: str | None) -> _Follow:
-    follow = _Follow(module, attribute, setter)
-    found = sys.modules.get(module)
-    if found is not None and _startup.is_initializing(found):
-        # Being imported now (its own import of torch activated cgguard, say): its setter is
-        # not defined yet, and is wrapped once the module has run to its end.
-        _startup.when_initialized(found, follow.apply)
-    elif found is not None:
-        follow.apply(found)
-    else:
-        _startup.when_imported(module, follow.apply)
-    return follow
+    def waiting(self) -> list[str]:
+        """The modules whose flags will be followed once they are imported."""
+        followed = {id(s.module) for s in self.follows if isinstance(s, FlagSource)}
+        # vLLM's flag is one flag under either layout: once followed, no other name is awaited.
+        vllm = [] if any(f.source is not None for f in self.vllm) else self.vllm
+        return [
+            f.module_name
+            for f in [*self.requests, *vllm]
+            if f.source is None
+            and not (f.module_name in sys.modules and id(sys.modules[f.module_name]) in followed)
+        ]
 
-
-def follow_vllm(enabled: bool) -> None:
-    """Follow vLLM's capture flag (install's default), or stop; other follows are untouched."""
-    if _vllm and not enabled:
-        while _vllm:
-            _vllm.pop().undo()
-    elif not _vllm and enabled:
-        _vllm.extend(_start(module, *VLLM_FLAG) for module in VLLM_MODULES)
-
-
-def waiting() -> list[str]:
-    """The modules whose flags will be followed once they are imported."""
-    followed = {id(s.module) for s in _state.FOLLOWED if isinstance(s, FlagSource)}
-    # vLLM's flag is one flag under either layout: once followed, no other name is awaited.
-    vllm = [] if any(f.source is not None for f in _vllm) else _vllm
-    return [
-        f.module_name
-        for f in [*_requests, *vllm]
-        if f.source is None
-        and not (f.module_name in sys.modules and id(sys.modules[f.module_name]) in followed)
-    ]
-
-
-def unfollow_all() -> None:
-    """Stop following every flag; put each wrapped setter back."""
-    follow_vllm(False)
-    while _requests:
-        _requests.pop().undo()
+    def unfollow_all(self) -> None:
+        """Stop following every flag; put each wrapped setter back."""
+        self.follow_vllm(False)
+        while self.requests:
+            self.requests.pop().undo()

@@ -17,14 +17,13 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, NamedTuple
 
-from cgguard._gate import windows as _windows
 from cgguard._gate.flags import Windows
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType
 
-    from cgguard._gate.windows import Reader, WindowInfo
+    from cgguard._gate.windows import Reader, WindowInfo, WindowRegistry
 
 
 class Window(NamedTuple):
@@ -186,21 +185,20 @@ NAMES = tuple(profile.name for profile in PROFILES)
 class _Active:
     """A profile switched on: its windows, and an entry per window, resolved once imported."""
 
-    def __init__(self, profile: Profile) -> None:
+    def __init__(self, profile: Profile, registry: WindowRegistry) -> None:
         self.profile = profile
+        self.registry = registry
         self.windows = Windows(profile.name)
-        self.windows.on_entered = functools.partial(_windows.join, self.windows)
+        self.windows.on_entered = functools.partial(registry.join, self.windows)
         self.entries = [
-            _windows.Entry(w.entry, self.windows, read=w.read, context=w.context, quiet=True)
+            registry.entry(w.entry, self.windows, read=w.read, context=w.context, quiet=True)
             for w in profile.windows
         ]
-        for entry in self.entries:
-            _windows.watch(entry)
 
     def undo(self) -> None:
         for entry in self.entries:
             entry.undo()
-        _windows.leave(self.windows)
+        self.registry.leave(self.windows)
 
     def info(self) -> ProfileInfo:
         windows = tuple(entry.info() for entry in self.entries)
@@ -214,21 +212,35 @@ class _Active:
         return ProfileInfo(self.profile.name, state, windows, _texts(self.profile))
 
 
-_active: list[_Active] = []
+class Profiles:
+    """The built-in profiles, each switched on or off whole, their windows in ``registry``."""
 
+    def __init__(self, registry: WindowRegistry) -> None:
+        self.registry = registry
+        self.active: list[_Active] = []
 
-def switch(on: bool, *, log_only: bool = True) -> None:
-    """Switch every built-in profile on (each waits for its modules) or off; idempotent, so a
-    reconfiguration that keeps them on keeps their windows' state. ``log_only``: their
-    refusals are only logged (Config(profiles="log"))."""
-    if on:
-        if not _active:
-            _active.extend(_Active(profile) for profile in PROFILES)
-        for active in _active:
-            active.windows.log_only = log_only
-    else:
-        while _active:
-            _active.pop().undo()
+    def switch(self, on: bool, *, log_only: bool = True) -> None:
+        """Switch every built-in profile on (each waits for its modules) or off; idempotent, so
+        a reconfiguration that keeps them on keeps their windows' state. ``log_only``: their
+        refusals are only logged (Config(profiles="log"))."""
+        if on:
+            if not self.active:
+                self.active.extend(_Active(profile, self.registry) for profile in PROFILES)
+            for active in self.active:
+                active.windows.log_only = log_only
+        else:
+            while self.active:
+                self.active.pop().undo()
+
+    def infos(self) -> list[ProfileInfo]:
+        """Every built-in profile and what it is now."""
+        if self.active:
+            return [active.info() for active in self.active]
+        return [ProfileInfo(p.name, "off", (), _texts(p)) for p in PROFILES]
+
+    def windows_of(self, name: str) -> Windows | None:
+        """The windows of the profile ``name`` while it is on (for tests and status)."""
+        return next((a.windows for a in self.active if a.profile.name == name), None)
 
 
 def exemptions() -> dict[str, tuple[tuple[str, str], ...]]:
@@ -236,19 +248,7 @@ def exemptions() -> dict[str, tuple[tuple[str, str], ...]]:
     return {profile.name: profile.exempt for profile in PROFILES}
 
 
-def profiles() -> list[ProfileInfo]:
-    """Every built-in profile and what it is now."""
-    if _active:
-        return [active.info() for active in _active]
-    return [ProfileInfo(p.name, "off", (), _texts(p)) for p in PROFILES]
-
-
 def _texts(profile: Profile) -> tuple[str, ...]:
     from cgguard._rules.exempt_syntax import text
 
     return tuple(text(pair) for pair in profile.exempt)
-
-
-def windows_of(name: str) -> Windows | None:
-    """The windows of the profile ``name`` while it is on (for tests and status)."""
-    return next((a.windows for a in _active if a.profile.name == name), None)

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cgguard._boot import startup as _startup
 from cgguard._config.settings import WINDOW_SYNTAX, shown
-from cgguard._gate import state as _state
 from cgguard._gate.flags import WITH_ENDED, Predicate, Windows
 from cgguard._support.patchset import PatchSet
 from cgguard._support.warn import warn_once
@@ -29,6 +28,8 @@ from cgguard._support.warn import warn_once
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import FrameType, ModuleType
+
+    from cgguard._gate.flags import FlagSource
 
     # A built-in profile's reader: from the module, the kind of state and its read, or None
     # when the module lacks it.
@@ -54,7 +55,8 @@ class Entry:
     def __init__(
         self,
         entry: str,
-        windows: Windows | None = None,
+        registry: WindowRegistry,
+        windows: Windows,
         *,
         read: Reader | None = None,
         context: bool = False,
@@ -62,8 +64,9 @@ class Entry:
     ) -> None:
         self.entry = entry
         self.module_name = entry.partition(":")[0]
+        self.registry = registry
         # The windows this entry is one of: the declared ones, or a built-in profile's.
-        self.windows = windows if windows is not None else _state.WINDOWS
+        self.windows = windows
         # A built-in profile's state that no entry's form can name (a getter's result, a
         # value that is true when not None): read from the module by this, when given.
         self.reader = read
@@ -129,10 +132,12 @@ class Entry:
         elif isinstance(value, type):
             return "it names a class; a function window names a function or method"
         elif callable(value):
-            hook = _hooks.get((id(owner), name))
+            hooks = self.registry.hooks
+            hook = hooks.get((id(owner), name))
             if hook is None or not hook.patches.holds(owner, name):
                 found = raw if raw is not _MISSING else value
-                hook = _hooks[(id(owner), name)] = _Hook(owner, name, found, in_class=in_class)
+                hook = _Hook(hooks, owner, name, found, in_class=in_class)
+                hooks[(id(owner), name)] = hook
             hook.add(self)
             self.hook = hook
             self.kind = FUNCTION
@@ -152,7 +157,7 @@ class Entry:
         self.predicate = Predicate(self.entry, kind, read)
         windows = self.windows
         windows.predicates = (*windows.predicates, self.predicate)
-        join(windows)
+        self.registry.join(windows)
 
     def opened(self, me: int) -> None:
         """A call of this window's function began on the thread ``me``."""
@@ -215,7 +220,16 @@ class _Hook:
     a profile's on the same method each open their own windows through it, and the function
     is put back once the last of them is undone."""
 
-    def __init__(self, owner: Any, name: str, found: Any, *, in_class: bool) -> None:
+    def __init__(
+        self,
+        hooks: dict[tuple[int, str], _Hook],
+        owner: Any,
+        name: str,
+        found: Any,
+        *,
+        in_class: bool,
+    ) -> None:
+        self.hooks = hooks  # the registry's: every window function's wrapper, by owner and name
         self.key = (id(owner), name)
         self.calling: tuple[Entry, ...] = ()  # open while the function runs
         self.opening: tuple[Entry, ...] = ()  # open in the ``with`` body of what it returns
@@ -233,8 +247,8 @@ class _Hook:
         self.opening = tuple(e for e in self.opening if e is not entry)
         if not self.calling and not self.opening:
             self.patches.restore()
-            if _hooks.get(self.key) is self:
-                del _hooks[self.key]
+            if self.hooks.get(self.key) is self:
+                del self.hooks[self.key]
 
     def entries(self) -> tuple[Entry, ...]:
         return (*self.calling, *self.opening)
@@ -294,10 +308,6 @@ class _Hook:
         return window
 
 
-# The wrapper on each window function, by its owner's id and the attribute's name.
-_hooks: dict[tuple[int, str], _Hook] = {}
-
-
 class _Opening:
     """The context manager a context window's function returned: open while it is entered."""
 
@@ -329,76 +339,86 @@ class _Opening:
             entry.returned(self._me, caller, WITH_ENDED)
 
 
-def after_fork() -> None:
-    """In a forked child only the forking thread runs on: the calls under way of every other
-    thread never return there, so they are forgotten."""
-    me = get_ident()
-    every = {id(_state.WINDOWS): _state.WINDOWS}
-    for source in _state.FOLLOWED:
-        if isinstance(source, Windows):
-            every[id(source)] = source
-    for hook in list(_hooks.values()):
-        for entry in hook.entries():
-            entry.calls[:] = [c for c in entry.calls if c == me]
-            every[id(entry.windows)] = entry.windows
-    for windows in every.values():
-        windows.calls[:] = [c for c in windows.calls if c == me]
+class WindowRegistry:
+    """The process's capture windows: the declared ones, with the one wrapper on each window
+    function however many entries, declared or a profile's, name it.
 
+    ``follows`` is what may disable capture besides cgguard's flag (cgguard._gate.gate.Gate):
+    a set of windows joins it once one of its windows has been entered or a predicate window
+    is resolved, so that until then the capture path pays nothing for it.
+    """
 
-# The windows declared, by entry, in the order declared.
-_declared: dict[str, Entry] = {}
+    def __init__(self, follows: list[FlagSource | Windows]) -> None:
+        self.follows = follows
+        # The wrapper on each window function, by its owner's id and the attribute's name.
+        self.hooks: dict[tuple[int, str], _Hook] = {}
+        # The windows declared (Config(windows=...), CGGUARD_WINDOW), by entry, in order, and
+        # the one set they make.
+        self.declared: dict[str, Entry] = {}
+        self.windows = Windows()
 
+    def join(self, windows: Windows) -> None:
+        """Put ``windows`` among what may disable capture: from now on every capture asks them."""
+        if windows not in self.follows:
+            self.follows.append(windows)
 
-def join(windows: Windows) -> None:
-    """Put ``windows`` among what may disable capture: from now on every capture asks them."""
-    if windows not in _state.FOLLOWED:
-        _state.FOLLOWED.append(windows)
+    def leave(self, windows: Windows) -> None:
+        """Take ``windows`` out of what may disable capture."""
+        if windows in self.follows:
+            self.follows.remove(windows)
 
+    def entry(self, entry: str, windows: Windows, **how: Any) -> Entry:
+        """``entry``, one of ``windows``, resolved now if its module is imported, else once it
+        is (never importing it)."""
+        made = Entry(entry, self, windows, **how)
+        module = sys.modules.get(made.module_name)
+        if module is not None and _startup.is_initializing(module):
+            # Being imported now (its own import of torch activated cgguard, say): resolved
+            # once it has run to its end, with every name it defines.
+            _startup.when_initialized(module, made.apply)
+        elif module is not None:
+            made.apply(module)
+        else:
+            _startup.when_imported(made.module_name, made.apply)
+        return made
 
-def leave(windows: Windows) -> None:
-    """Take ``windows`` out of what may disable capture."""
-    if windows in _state.FOLLOWED:
-        _state.FOLLOWED.remove(windows)
+    def declare(self, entries: tuple[str, ...]) -> None:
+        """Watch exactly these windows: the others are undone, the ones kept keep their state."""
+        if tuple(self.declared) == entries:
+            return
+        for entry in [e for e in self.declared if e not in entries]:
+            self.declared.pop(entry).undo()
+        # A different set of windows starts afresh: none entered, none closed.
+        windows = self.windows
+        self.leave(windows)
+        windows.forget()
+        windows.on_entered = functools.partial(self.join, windows)
+        for entry in entries:
+            if entry not in self.declared:
+                self.declared[entry] = self.entry(entry, windows)
+        if windows.predicates:
+            self.join(windows)
 
+    def forget_all(self) -> None:
+        """Stop watching every declared window: each function put back, each pending import
+        hook gone."""
+        self.declare(())
 
-def watch(declared: Entry) -> None:
-    """Resolve ``declared`` now if its module is imported, else once it is (never importing it)."""
-    module = sys.modules.get(declared.module_name)
-    if module is not None and _startup.is_initializing(module):
-        # Being imported now (its own import of torch activated cgguard, say): resolved
-        # once it has run to its end, with every name it defines.
-        _startup.when_initialized(module, declared.apply)
-    elif module is not None:
-        declared.apply(module)
-    else:
-        _startup.when_imported(declared.module_name, declared.apply)
+    def infos(self) -> list[WindowInfo]:
+        """The windows declared, in order, and what each is now."""
+        return [declared.info() for declared in list(self.declared.values())]
 
-
-def declare(entries: tuple[str, ...]) -> None:
-    """Watch exactly these windows: the others are undone, the ones kept keep their state."""
-    if tuple(_declared) == entries:
-        return
-    for entry in [e for e in _declared if e not in entries]:
-        _declared.pop(entry).undo()
-    # A different set of windows starts afresh: none entered, none closed.
-    windows = _state.WINDOWS
-    leave(windows)
-    windows.forget()
-    windows.on_entered = functools.partial(join, windows)
-    for entry in entries:
-        if entry in _declared:
-            continue
-        declared = _declared[entry] = Entry(entry)
-        watch(declared)
-    if windows.predicates:
-        join(windows)
-
-
-def forget_all() -> None:
-    """Stop watching every window: each function put back, each pending import hook gone."""
-    declare(())
-
-
-def windows() -> list[WindowInfo]:
-    """The windows declared, in order, and what each is now."""
-    return [declared.info() for declared in list(_declared.values())]
+    def after_fork(self) -> None:
+        """In a forked child only the forking thread runs on: the calls under way of every
+        other thread never return there, so they are forgotten."""
+        me = get_ident()
+        every = {id(self.windows): self.windows}
+        for source in self.follows:
+            if isinstance(source, Windows):
+                every[id(source)] = source
+        for hook in list(self.hooks.values()):
+            for entry in hook.entries():
+                entry.calls[:] = [c for c in entry.calls if c == me]
+                every[id(entry.windows)] = entry.windows
+        for windows in every.values():
+            windows.calls[:] = [c for c in windows.calls if c == me]

@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 from cgguard._core.watch import GRAPH_NOTES, Watcher
 from cgguard._errors import hidden_by_pytest
-from cgguard._gate import state as _state
 from cgguard._inspect import liveness as _liveness
 from cgguard._inspect.sync_ops import SYNC_OPS, every_tensor, syncs
 from cgguard._rules.record import BEGAN_AT, ENDED, FAILED, MODE, THREAD
@@ -95,14 +94,93 @@ NONE_SEEN = (
     "launched outside torch's dispatcher"
 )
 
-_local = threading.local()  # .watches: this thread's inspected captures, innermost last
+
+class Inspections:
+    """The inspected captures of the process, across reconfigurations: each thread's own,
+    innermost last, and those open on any thread.
+
+    While any is open, one listener among the process's ``listeners`` notes the first violation
+    let through on a thread during its inspected capture, for a capture_end that fails.
+    """
+
+    def __init__(self, listeners: list[Callable[[ViolationEvent], None]]) -> None:
+        self.listeners = listeners
+        self.local = threading.local()  # .watches: this thread's inspected captures
+        self.open: list[Watch] = []  # on any thread
+        self.lock = threading.Lock()
+
+    def watches(self) -> list[Watch]:
+        """This thread's inspected captures, innermost last."""
+        watches: list[Watch] | None = getattr(self.local, "watches", None)
+        if watches is None:
+            watches = self.local.watches = []
+        return watches
+
+    def forget_closed(self) -> None:
+        """Take off this thread's stack the modes of its captures that another thread ended."""
+        watches = getattr(self.local, "watches", None)
+        if watches:
+            for watch in [w for w in watches if w.closed]:
+                watch.take_off()
+
+    def judging(self) -> Watch | None:
+        """This thread's innermost inspected capture that is still judged, if any."""
+        watches: list[Watch] | None = getattr(self.local, "watches", None)
+        if not watches:
+            return None
+        self.forget_closed()
+        for watch in reversed(watches):
+            if watch.on:
+                return watch
+        return None
+
+    def listen(self, watch: Watch, *, opened: bool) -> None:
+        """``watch`` opened or closed: the listener is subscribed while any is open (one for
+        the process, called on the violating thread)."""
+        with self.lock:
+            if opened:
+                self.open.append(watch)
+            elif watch in self.open:
+                self.open.remove(watch)
+            listening = self.offended in self.listeners
+            if self.open and not listening:
+                self.listeners.append(self.offended)
+            elif not self.open and listening:
+                self.listeners.remove(self.offended)
+
+    def offended(self, event: ViolationEvent) -> None:
+        """The listener: a violation let through during this thread's inspected capture."""
+        watches = getattr(self.local, "watches", None)
+        if not watches or event.get("action") != "logged":
+            return
+        for watch in watches:
+            if watch.on and watch.offender is None and _thread_of(watch) == event.get("thread_id"):
+                watch.offender = event
+
+    def retire(self, inspector: Inspector) -> None:
+        """``inspector`` was replaced: its captures still under way stop judging at once."""
+        with self.lock:
+            watches = list(self.open)
+        for watch in watches:
+            if watch.inspector is inspector:
+                watch.on = False
+
+    def after_fork(self) -> None:
+        """A forked child: the forking thread's captures' modes come off its stack, and the
+        captures of the threads it lacks are not its own."""
+        for watch in list(self.watches()):
+            watch.on = False
+            watch.take_off()
+        self.local = threading.local()
+        # Another thread may have held the lock at the fork.
+        self.lock = threading.Lock()
+        self.open.clear()
+        if self.offended in self.listeners:
+            self.listeners.remove(self.offended)
 
 
-def _watches() -> list[Watch]:
-    watches: list[Watch] | None = getattr(_local, "watches", None)
-    if watches is None:
-        watches = _local.watches = []
-    return watches
+def _thread_of(watch: Watch) -> int | None:
+    return watch.record[THREAD].ident
 
 
 class Watch:
@@ -126,25 +204,26 @@ class Watch:
         self.on_device: Callable[[Any], bool] = every_tensor if simulation else _is_cuda
 
     def enter(self) -> None:
-        _forget_closed()  # captures of this thread that another thread ended
+        inspections = self.inspector.inspections
+        inspections.forget_closed()  # captures of this thread that another thread ended
         self.mode = _mode_type()(self)
         _push_below(self.mode)
         self.pushed = True
-        _watches().append(self)
-        _listen(self, opened=True)
+        inspections.watches().append(self)
+        inspections.listen(self, opened=True)
 
     def leave(self) -> None:
         """The capture is over: silence the mode, and take it off its thread's stack if this
         is that thread; otherwise that thread's next RNG call or capture_begin does."""
         self.on = False
         self.closed = True
-        _listen(self, opened=False)
+        self.inspector.inspections.listen(self, opened=False)
         if self.thread is threading.current_thread():
             self.take_off()
 
     def take_off(self) -> None:
         """Take the mode off this thread's stack and the watch off its list (its own thread)."""
-        watches = _watches()
+        watches = self.inspector.inspections.watches()
         if self in watches:
             watches.remove(self)
         if self.pushed:
@@ -182,26 +261,6 @@ def _is_cuda(value: Any) -> bool:
     list), and a sparse tensor has no storage of its own to copy or index."""
     torch = sys.modules["torch"]
     return isinstance(value, torch.Tensor) and value.is_cuda and value.layout == torch.strided
-
-
-def _forget_closed() -> None:
-    """Take off this thread's stack the modes of its captures that another thread ended."""
-    watches = getattr(_local, "watches", None)
-    if watches:
-        for watch in [w for w in watches if w.closed]:
-            watch.take_off()
-
-
-def _judging() -> Watch | None:
-    """This thread's innermost inspected capture that is still judged, if any."""
-    watches: list[Watch] | None = getattr(_local, "watches", None)
-    if not watches:
-        return None
-    _forget_closed()
-    for watch in reversed(watches):
-        if watch.on:
-            return watch
-    return None
 
 
 @functools.cache
@@ -350,8 +409,11 @@ class Inspector(Watcher):
     wants_replays = True
     notes_graphs = True
 
-    def __init__(self, installation: Installation, first: int | None = None) -> None:
+    def __init__(
+        self, installation: Installation, inspections: Inspections, first: int | None = None
+    ) -> None:
         self.installation = installation
+        self.inspections = inspections
         self.first = first  # inspect only the first N captures of each site; None: all
         self.sites: dict[int, tuple[object, int]] = {}  # id(code) -> (code, captures seen)
 
@@ -387,28 +449,11 @@ class Inspector(Watcher):
             return
         self._check_replay(graph, inputs)
 
-    def after_fork(self) -> None:
-        global _open_lock
-        # The forking thread is the child's only one: its captures' modes come off its stack.
-        for watch in list(_watches()):
-            watch.on = False
-            watch.take_off()
-        _local.watches = []
-        # Another thread may have held the lock at the fork; its captures are not the child's.
-        _open_lock = threading.Lock()
-        _open.clear()
-        if _offended in _state.LISTENERS:
-            _state.LISTENERS.remove(_offended)
-
     def retired(self) -> None:
         # A reconfiguration took inspection off (or made a new inspector): this one's captures
         # still under way stop judging at once, as its RNG hooks have come off. Their modes
         # come off at their capture_end, as ever.
-        with _open_lock:
-            watches = list(_open)
-        for watch in watches:
-            if watch.inspector is self:
-                watch.on = False
+        self.inspections.retire(self)
 
     def hooks(self) -> list[tuple[Any, str, Callable[[Any], Any]]]:
         """torch.cuda's RNG functions, wrapped while inspection is on."""
@@ -462,10 +507,11 @@ class Inspector(Watcher):
 
         @functools.wraps(original)
         def rng(*args: Any, **kwargs: Any) -> Any:
-            if getattr(_local, "watches", None):  # nothing inspected on this thread: one test
+            inspections = self.inspections
+            if getattr(inspections.local, "watches", None):  # nothing inspected here: one test
                 error = None
                 try:
-                    watch = _judging()
+                    watch = inspections.judging()
                     if watch is not None and rng_refused(name, args, kwargs):
                         error = watch.inspector.violated(
                             "rng_during_capture", watch.record, api, depth=2
@@ -644,37 +690,3 @@ def _in_pool(graph: Any, item: _liveness.Input, how: str) -> bool:
     except Exception:
         return False
     return False
-
-
-# Inspected captures open on any thread: the listener below is subscribed while there are any.
-_open: list[Watch] = []
-_open_lock = threading.Lock()
-
-
-def _listen(watch: Watch, *, opened: bool) -> None:
-    """Note the first violation let through on a thread during its inspected capture, for a
-    capture_end that fails: one listener for the process, called on the violating thread, and
-    subscribed only while an inspected capture is open."""
-    with _open_lock:
-        if opened:
-            _open.append(watch)
-        elif watch in _open:
-            _open.remove(watch)
-        listening = _offended in _state.LISTENERS
-        if _open and not listening:
-            _state.LISTENERS.append(_offended)
-        elif not _open and listening:
-            _state.LISTENERS.remove(_offended)
-
-
-def _offended(event: ViolationEvent) -> None:
-    watches = getattr(_local, "watches", None)
-    if not watches or event.get("action") != "logged":
-        return
-    for watch in watches:
-        if watch.on and watch.offender is None and _thread_of(watch) == event.get("thread_id"):
-            watch.offender = event
-
-
-def _thread_of(watch: Watch) -> int | None:
-    return watch.record[THREAD].ident

@@ -19,8 +19,6 @@ from typing import Any
 from cgguard._boot import startup as _startup
 from cgguard._support.warn import warn_once
 
-_lock = threading.Lock()
-
 
 class Metrics:
     """cgguard's counters, registered in prometheus_client's default registry."""
@@ -75,84 +73,83 @@ class Metrics:
             warn_once("metrics:skip", f"could not count a skipped cudagraph's metric: {exc!r}")
 
 
-_active: Metrics | None = None
-_failed = False
-# Whether a configuration asks for metrics: they are registered at the first count, or when the
-# program imports prometheus_client itself, whichever comes first.
-_wanted = False
-
 MODULE = "prometheus_client"
-ON_IMPORT = "cgguard._reporting.metrics:on_import"
+
+# cgguard's counters as registered in prometheus_client's default registry, which refuses a name
+# twice: like that registry, once per process, whatever cgguard's own state does since.
+_registered: list[Metrics] = []
+_lock = threading.Lock()
 
 
-def want() -> None:
-    """Metrics are asked for: registered once there is something to count, or as soon as the
-    program imports prometheus_client. Never imports it here: prometheus_client picks its value
-    class (multiprocess or not) from ``PROMETHEUS_MULTIPROC_DIR`` when it is imported, and a
-    server sets that variable after torch's import, where cgguard is configured."""
-    global _wanted
-    _wanted = True
-    if _active is not None or _failed:
-        return
-    module = sys.modules.get(MODULE)
-    if module is None:
-        _startup.when_imported(MODULE, ON_IMPORT)
-    elif not _startup.is_initializing(module):
-        _start()
+class Prometheus:
+    """Whether a configuration asks for metrics, and the counters once registered: at the first
+    count, or when the program imports prometheus_client itself, whichever comes first."""
 
+    def __init__(self) -> None:
+        self.wanted = False
+        self.failed = False  # prometheus_client could not be imported, or refused the counters
 
-def unwant() -> None:
-    """Metrics are no longer asked for: nothing more is registered (counters registered stay
-    in prometheus_client's registry, which has no way to take them back that a server's
-    collector would follow)."""
-    global _wanted
-    _wanted = False
-    _startup.cancel(MODULE, ON_IMPORT)
+    def want(self) -> None:
+        """Metrics are asked for: registered once there is something to count, or as soon as
+        the program imports prometheus_client. Never imports it here: prometheus_client picks
+        its value class (multiprocess or not) from ``PROMETHEUS_MULTIPROC_DIR`` when it is
+        imported, and a server sets that variable after torch's import, where cgguard is
+        configured."""
+        self.wanted = True
+        if _registered or self.failed:
+            return
+        module = sys.modules.get(MODULE)
+        if module is None:
+            _startup.when_imported(MODULE, self.on_import)
+        elif not _startup.is_initializing(module):
+            self._start()
 
+    def unwant(self) -> None:
+        """Metrics are no longer asked for: nothing more is registered (counters registered stay
+        in prometheus_client's registry, which has no way to take them back that a server's
+        collector would follow)."""
+        self.wanted = False
+        _startup.cancel(MODULE, self.on_import)
 
-def on_import(module: object) -> None:
-    """The program imported prometheus_client: cgguard's counters go in its registry now."""
-    if _wanted:
-        _start()
+    def on_import(self, module: object) -> None:
+        """The program imported prometheus_client: cgguard's counters go in its registry now."""
+        if self.wanted:
+            self._start()
 
+    def active(self) -> Metrics | None:
+        """The counters where metrics are asked for, registered at the first call; None, with
+        one warning, where prometheus_client cannot be imported or refuses them. Called where
+        there is something to count, so that the program's environment is read as it is by
+        then."""
+        if _registered or not self.wanted:
+            return _registered[0] if _registered else None
+        return self._start()
 
-def active() -> Metrics | None:
-    """The process's metrics where they are asked for, registered at the first call; None,
-    with one warning, where prometheus_client cannot be imported or refuses them. Called where
-    there is something to count, so that the program's environment is read as it is by then."""
-    found = _active
-    if found is not None or not _wanted:
-        return found
-    return _start()
+    def captured(self, outcome: str, seconds: float, reserved: int | None) -> None:
+        """One capture to count, as it ended (Metrics.captured), registering the counters first
+        if need be."""
+        metrics = self.active()
+        if metrics is not None:
+            metrics.captured(outcome, seconds, reserved)
 
+    def _start(self) -> Metrics | None:
+        with _lock:
+            if _registered or self.failed:
+                return _registered[0] if _registered else None
+            # Importing it below would fire the hook on this thread, under this lock.
+            _startup.cancel(MODULE, self.on_import)
+            try:
+                import prometheus_client
 
-def _start() -> Metrics | None:
-    global _active, _failed
-    with _lock:
-        if _active is not None or _failed:
-            return _active
-        # Importing it below would fire the hook on this thread, under this lock.
-        _startup.cancel(MODULE, ON_IMPORT)
-        try:
-            import prometheus_client
-
-            _active = Metrics(prometheus_client)
-        except ImportError:
-            _failed = True
-            warn_once(
-                "metrics:import",
-                "metrics='prometheus' (CGGUARD_METRICS) needs prometheus_client, which is not "
-                "importable here: no metrics (pip install 'cgguard[metrics]')",
-            )
-        except Exception as exc:
-            _failed = True
-            warn_once("metrics:register", f"could not register cgguard's metrics: {exc!r}")
-        return _active
-
-
-def captured(outcome: str, seconds: float, reserved: int | None) -> None:
-    """One capture to count, as it ended (Metrics.captured), registering the metrics first if
-    need be."""
-    metrics = active()
-    if metrics is not None:
-        metrics.captured(outcome, seconds, reserved)
+                _registered.append(Metrics(prometheus_client))
+            except ImportError:
+                self.failed = True
+                warn_once(
+                    "metrics:import",
+                    "metrics='prometheus' (CGGUARD_METRICS) needs prometheus_client, which is "
+                    "not importable here: no metrics (pip install 'cgguard[metrics]')",
+                )
+            except Exception as exc:
+                self.failed = True
+                warn_once("metrics:register", f"could not register cgguard's metrics: {exc!r}")
+            return _registered[0] if _registered else None

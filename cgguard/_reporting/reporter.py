@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, cast
 
 from cgguard._data.ledger import worth_logging
 from cgguard._reporting import events as _events
-from cgguard._reporting import metrics as _metrics
 from cgguard._rules.record import API, BEGAN_AT, MODE, THREAD, Disabler
 from cgguard._rules.table import BLAMES_FLAG, BLAMES_THREAD, RULES, Cause
 from cgguard._support.frames import innermost_visible, resolve
@@ -33,6 +32,7 @@ if TYPE_CHECKING:
     from cgguard._data.schema import ViolationEvent
     from cgguard._errors import CaptureViolation
     from cgguard._reporting.log import EventLog
+    from cgguard._reporting.metrics import Prometheus
     from cgguard._reporting.report_file import ReportFile
     from cgguard._rules.exempt_match import Exemptions, Match
     from cgguard._rules.record import Found, Record
@@ -62,6 +62,7 @@ class Reporter:
         report: ReportFile | None = None,
         exemptions: Exemptions | None = None,
         profiles: Mapping[str, Exemptions] | None = None,
+        metrics: Prometheus | None = None,
     ) -> None:
         self.config = config
         self.run = run
@@ -73,7 +74,9 @@ class Reporter:
         # The built-in profiles' exemptions, by profile: each applies only to the refusals
         # its own profile's windows make (cgguard._gate.profiles).
         self.profiles: Mapping[str, Exemptions] = profiles or {}
-        self.listeners = listeners  # the process's (cgguard._gate.state), shared by every reporter
+        self.listeners = listeners  # the process's (cgguard._process), shared by every reporter
+        # The process's metrics, where the configuration asks for them: each violation counted.
+        self.metrics = metrics
         self._lock = threading.Condition(threading.Lock())
         self._users: list[int] = []  # the threads reporting through this reporter now
         self._retired = False
@@ -286,8 +289,8 @@ class Reporter:
             raising = action == "raise" and refuse
             taken = "raised" if raising else "logged"
             site, count = ledger.count(rule, code, lasti, api, taken)
-            if self.config.metrics is not None:
-                metrics = _metrics.active()
+            if self.metrics is not None:
+                metrics = self.metrics.active()
                 if metrics is not None:
                     metrics.violated(rule, taken)
             event: ViolationEvent | None = None  # built only where needed

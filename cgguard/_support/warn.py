@@ -25,3 +25,8 @@ def warn_once(key: str, message: str) -> None:
         sys.stderr.flush()
     except Exception:  # noqa: S110 - a closed stderr must not become the program's problem
         pass
+
+
+def forget() -> None:
+    """Nothing said yet, as the process started (cgguard._process.reset, for tests)."""
+    _said.clear()

@@ -5,9 +5,8 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
-from cgguard import _install
-from cgguard._gate.state import LISTENERS
-from cgguard.testing import _simcuda
+from cgguard import _install, _process
+from cgguard.testing._simcuda import active, simulated_runtime
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -28,7 +27,7 @@ def simulated_cuda(*, force: bool = False) -> Iterator[SimulatedCuda]:
     """
     # cgguard lets go of what the simulation is about to replace (torch's own synchronize on a
     # CUDA build, the simulated one on the way out) and takes up what replaced it.
-    with _simcuda.simulated_runtime(
+    with simulated_runtime(
         force=force, unhook=_install.release_device_sync, rehook=_install.refresh_device_sync
     ) as runtime:
         yield runtime
@@ -36,7 +35,7 @@ def simulated_cuda(*, force: bool = False) -> Iterator[SimulatedCuda]:
 
 def active_simulation() -> SimulatedCuda | None:
     """The simulated CUDA runtime in place now, if any."""
-    return _simcuda.active()
+    return active()
 
 
 @contextlib.contextmanager
@@ -47,11 +46,11 @@ def capture_violations() -> Iterator[list[ViolationEvent]]:
     """
     events: list[ViolationEvent] = []
     listener = events.append
-    LISTENERS.append(listener)
+    _process.PROCESS.listeners.append(listener)
     try:
         yield events
     finally:
-        LISTENERS.remove(listener)
+        _process.PROCESS.listeners.remove(listener)
 
 
 _session: contextlib.ExitStack | None = None
