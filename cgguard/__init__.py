@@ -11,7 +11,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from cgguard._boot.startup import activate
+    from cgguard._boot import activate
     from cgguard._config.config import Config
     from cgguard._errors import (
         AbandonedCaptureError,
@@ -80,7 +80,7 @@ _HOMES = {
     "Status": "cgguard._install",
     "SyncDuringCaptureError": "cgguard._errors",
     "__version__": "cgguard._version",
-    "activate": "cgguard._boot.startup",
+    "activate": "cgguard._boot",
     "capture_disabled": "cgguard._switch",
     "capture_enabled": "cgguard._switch",
     "census": "cgguard._install",

@@ -1,6 +1,6 @@
 """What activation does once torch is imported: configure from the environment, then install.
 
-cgguard._boot.startup calls ``on_torch_import`` by name, so that start-up never imports this module,
+cgguard._boot calls ``on_torch_import`` by name, so that start-up never imports this module,
 or anything it imports, until torch is imported.
 """
 

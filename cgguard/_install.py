@@ -8,8 +8,8 @@ import importlib
 import sys
 from typing import TYPE_CHECKING, NamedTuple
 
-from cgguard import _process
-from cgguard._boot import startup as _startup
+from cgguard import _boot, _process
+from cgguard._boot import importhook
 from cgguard._config import settings as _settings
 from cgguard._config.config import Config
 from cgguard._core.installation import Installation
@@ -92,7 +92,7 @@ def install(config: Config | None = None) -> None:
         # Patched already, or to be once torch is imported: nothing more to do now.
         done = bool(installation.patches)
         if not done and "torch" not in sys.modules:
-            _startup.when_imported("torch", patch_on_import)
+            importhook.when_imported("torch", patch_on_import)
             done = True
     if replaced is not None:
         # Outside the lock: a violation in flight through the old reporter may be a listener's
@@ -111,7 +111,7 @@ def uninstall() -> None:
     """Put torch's attributes back exactly as they were and stop reporting. Idempotent."""
     process = _process.PROCESS
     with process.lock:
-        _startup.cancel("torch", patch_on_import)
+        importhook.cancel("torch", patch_on_import)
         process.gate.stop()  # follow_flag() made before install() too
         process.skips.stop()
         process.prometheus.unwant()
@@ -151,7 +151,7 @@ def status() -> Status:
         if installation is None:
             return Status(
                 installed=False,
-                activated_by=_startup.activated_by,
+                activated_by=_boot.activated_by,
                 patched=(),
                 waiting_for_torch=False,
                 followed=gate.followed(),
@@ -165,14 +165,14 @@ def status() -> Status:
         active = list(tracker.active.values()) if tracker is not None else []
         return Status(
             installed=True,
-            activated_by=_startup.activated_by,
+            activated_by=_boot.activated_by,
             patched=tuple(
                 installation.patches.targets()
                 + installation.device_sync.targets()
                 + installation.replay.targets()
                 + installation.watcher_hooks.targets()
             ),
-            waiting_for_torch=patch_on_import in _startup.pending("torch"),
+            waiting_for_torch=patch_on_import in importhook.pending("torch"),
             followed=gate.followed(),
             waiting_to_follow=tuple(gate.flags.waiting()),
             capture_enabled=gate.is_capture_enabled(),

@@ -10,7 +10,7 @@ replaces it.
 
 Left out, each for its reason: the post-import hooks (cgguard._support.importhook) and the
 warnings already said (cgguard._support.warn), which start-up uses before this module exists;
-how start-up activated the process (cgguard._boot.startup), a fact that never changes; and
+how start-up activated the process (cgguard._boot), a fact that never changes; and
 cgguard's counters in prometheus_client's registry (cgguard._reporting.metrics), registered
 once per process as that registry requires.
 """

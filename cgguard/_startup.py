@@ -2,6 +2,6 @@
 import activate``): a copy in an image must not leave its programs silently unguarded when
 cgguard is upgraded. Its public home is ``cgguard.activate``."""
 
-from cgguard._boot.startup import activate
+from cgguard._boot import activate
 
 __all__ = ["activate"]

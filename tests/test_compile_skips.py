@@ -162,13 +162,13 @@ def test_a_module_imported_later_is_hooked_on_import(monkeypatch: pytest.MonkeyP
     cgguard itself."""
     monkeypatch.delitem(sys.modules, _compile_skips.MODULE, raising=False)
     from cgguard import _process
-    from cgguard._boot import startup as _startup
+    from cgguard._boot import importhook
 
     cgguard.install(cgguard.Config(log_file=os.devnull))
     hook = _process.PROCESS.skips.hook
-    assert hook in _startup.pending(_compile_skips.MODULE)
+    assert hook in importhook.pending(_compile_skips.MODULE)
     cgguard.uninstall()
-    assert hook not in _startup.pending(_compile_skips.MODULE)
+    assert hook not in importhook.pending(_compile_skips.MODULE)
 
 
 @pytest.mark.skipif(not COUNTS_CPU_CUDAGRAPH_SKIPS, reason="torch counts no CPU cudagraph skip")

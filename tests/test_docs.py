@@ -100,9 +100,7 @@ def test_readme_demo_output_quotes_the_demos_lines() -> None:
 
 
 # How a process started with these interpreter flags was activated, without importing torch.
-_ACTIVATION = (
-    "import sys; s = sys.modules.get('cgguard._boot.startup'); print(s and s.activated_by)"
-)
+_ACTIVATION = "import sys; s = sys.modules.get('cgguard._boot'); print(s and s.activated_by)"
 
 
 @pytest.mark.subprocess

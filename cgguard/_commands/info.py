@@ -9,7 +9,7 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING
 
-from cgguard._boot.startup import ENABLED
+from cgguard._boot import ENABLED
 from cgguard._commands.run import BOOT_DIR, program_environ, run_parser
 from cgguard._config import settings as _settings
 from cgguard._config.config import Config

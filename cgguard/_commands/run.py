@@ -14,7 +14,7 @@ import shutil
 import sys
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
-from cgguard._boot.startup import ENABLED
+from cgguard._boot import ENABLED
 from cgguard._config.settings import (
     BOOL,
     COUNT,

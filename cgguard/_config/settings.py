@@ -9,7 +9,7 @@ derived from ``SETTINGS`` and from the rule table (one CGGUARD_RULE_<RULE> per r
 # interpreter's start-up).
 import os
 
-from cgguard._boot.startup import ENABLED
+from cgguard._boot import ENABLED
 from cgguard._rules.table import ACTIONS, NAMES
 
 TYPE_CHECKING = False

@@ -1,18 +1,13 @@
-"""Start-up: activation without code changes, and the post-import hook it rests on.
+"""The post-import hook: call a function once a module has been imported by someone else.
 
-``activate()`` is called by the ``cgguard.pth`` line that the package installs into
-site-packages, and by the bootstrap ``sitecustomize`` (cgguard/_sitecustomize, and
-sitecustomize_example). Until torch is imported, an activation with CGGUARD_ENABLED=1 alone
-loads this module and cgguard's package, nothing else; then the hook named
-``cgguard._activation:on_torch_import`` builds the configuration and patches torch.
-
-``when_imported()`` is cgguard's own post-import hook: wrapt has one, but importing wrapt costs
-more than a whole interpreter start-up. Hooks may be registered by name (``"module:function"``),
-so that this module imports nothing of cgguard above it: the name is resolved when it fires.
+wrapt has one, but importing wrapt costs more than a whole interpreter start-up, and this one is
+on the start-up path of every activated process. Hooks may be registered by name
+(``"module:function"``), so that registering one imports nothing: the name is resolved when it
+fires. cgguard's layers above use it to patch torch, follow frameworks' flags, resolve capture
+windows and count torch.compile's skips, never importing a module themselves.
 """
 
-# On the start-up path of every activated process: standard library only, no ``typing`` or
-# ``__future__`` at runtime, and cgguard's other modules only when there is work for them.
+# Standard library only, no ``typing`` or ``__future__`` at runtime: see the docstring.
 import _thread
 import os
 import sys
@@ -25,52 +20,6 @@ if TYPE_CHECKING:
     from typing import Any
 
     Hook = Callable[[ModuleType], None] | str
-
-ENABLED = "CGGUARD_ENABLED"
-ON_TORCH_IMPORT = "cgguard._activation:on_torch_import"
-# CGGUARD_ENABLED parsed, and every other CGGUARD_* value checked, where it is not plainly "1".
-CHECK_ENVIRONMENT = "cgguard._config.settings:activation_says_on"
-
-# How this process was activated ("pth", "sitecustomize"; None if not): the one fact activation
-# keeps, here rather than on the installation, so that an idle activation loads nothing more.
-activated_by: "str | None" = None
-
-
-def activate(origin: str, *, default: bool = False) -> bool:
-    """Activate cgguard in this process if the environment asks for it; never raises.
-
-    ``origin`` names the caller ("pth", "sitecustomize"). CGGUARD_ENABLED decides; when it is
-    unset, ``default`` does. Returns whether cgguard is active. Idempotent: the .pth, a
-    sitecustomize and an explicit install() together patch once.
-    """
-    global activated_by
-    try:
-        # CGGUARD_ENABLED=1 and nothing else, the production case, is decided without loading
-        # the parser; anything else is checked, so that a typo is reported at start even by a
-        # process that never imports torch.
-        plain = os.environ.get(ENABLED) == "1" and not any(
-            name.startswith("CGGUARD_") and name != ENABLED for name in os.environ
-        )
-        # Resolved by name, as the post-import hooks are: this module imports nothing of
-        # cgguard above it, so that the settings can name their variables from here.
-        if not plain and not _resolve(CHECK_ENVIRONMENT)(default):
-            return False
-        if activated_by is None:
-            activated_by = origin
-            if "torch" in sys.modules:
-                _resolve(ON_TORCH_IMPORT)(sys.modules["torch"])
-            else:
-                when_imported("torch", ON_TORCH_IMPORT)
-        return True
-    except Exception as exc:
-        _warn("activate", f"could not activate, captures are not guarded: {exc!r}")
-        return False
-
-
-def _warn(key: str, message: str) -> None:
-    from cgguard._support.warn import warn_once
-
-    warn_once(key, message)
 
 
 # The post-import hook. The registry is read by whichever thread imports a watched module, and
@@ -194,12 +143,13 @@ def _notify(name: str, module: "ModuleType") -> None:
     for hook in hooks:
         # A hook's failure must not become the failure of the user's import.
         try:
-            (_resolve(hook) if isinstance(hook, str) else hook)(module)
+            (resolve(hook) if isinstance(hook, str) else hook)(module)
         except Exception as exc:
             _warn(f"hook:{name}", f"error after importing {name}, ignored: {exc!r}")
 
 
-def _resolve(hook: str) -> "Callable[..., Any]":
+def resolve(hook: str) -> "Callable[..., Any]":
+    """The function ``hook`` names as ``"package.module:function"``, its module imported."""
     module, _, function = hook.partition(":")
     # The import statement's own machinery: importlib's package would cost an idle start-up.
     __import__(module)
@@ -221,3 +171,9 @@ def _new_lock() -> None:
 
 if hasattr(os, "register_at_fork"):  # POSIX, where CUDA graphs run
     os.register_at_fork(after_in_child=_new_lock)
+
+
+def _warn(key: str, message: str) -> None:
+    from cgguard._support.warn import warn_once
+
+    warn_once(key, message)
