@@ -1,4 +1,4 @@
-"""The post-import hook (cgguard._boot.importhook): callbacks after a module's import, not before."""
+"""The post-import hook (cgguard._boot.importhook): callbacks after a module's import."""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ from typing import Annotated, Any, TypedDict
 import pytest
 
 from cgguard._data import schema as _schema
-from cgguard._data.schema import AtLeast, problem
 from cgguard._support.frames import FrameInfo  # noqa: TC001 - Sample's annotations are read at run time
+from cgguard._support.typecheck import AtLeast, problem
 
 
 class _Optional(TypedDict, total=False):
@@ -150,7 +150,8 @@ def test_the_schema_is_read_without_typing_extensions() -> None:
     report is still checked."""
     code = (
         "import sys; sys.modules['typing_extensions'] = None\n"
-        "from cgguard._data.schema import ReportDocument, problem\n"
+        "from cgguard._data.schema import ReportDocument\n"
+        "from cgguard._support.typecheck import problem\n"
         "print(problem({'cgguard': '0.1.0'}, ReportDocument))\n"
     )
     result = subprocess.run(

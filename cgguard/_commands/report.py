@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any, TextIO, TypedDict
 from cgguard._config.settings import shown as quoted
 from cgguard._data.census_merge import CensusMerge, counted, site_text, skip_text, slowest_text
 from cgguard._data.schema import RANK_KEYS, REPORT_SCHEMA, ReportDocument
-from cgguard._data.schema import problem as schema_problem
 from cgguard._reporting.log import format_stacks
 from cgguard._rules.record import OUTCOMES
 from cgguard._rules.table import NAMES
 from cgguard._support.frames import format_frames, where
 from cgguard._support.text import markdown, safe, shown
+from cgguard._support.typecheck import problem as schema_problem
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping, Sequence
