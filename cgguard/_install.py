@@ -230,7 +230,7 @@ def open_captures() -> CaptureMark:
 def forget_captures(kept: CaptureMark = ()) -> list[LeftOpen]:
     """Forget every open capture but ``kept``, and say what each was: a test runner's clean
     start for the next test. CUDA is not told: a capture it holds stays open there."""
-    from cgguard._support.frames import render, resolve
+    from cgguard._support.frames import Stack
 
     process = _process.PROCESS
     with process.lock:
@@ -242,7 +242,7 @@ def forget_captures(kept: CaptureMark = ()) -> list[LeftOpen]:
             record[API],
             record[MODE],
             f"{record[THREAD].name!r} ({record[THREAD].ident})",
-            render(resolve(record[BEGAN_AT])),
+            Stack(record[BEGAN_AT]).frames,
         )
         for record in left
     ]

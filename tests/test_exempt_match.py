@@ -23,6 +23,7 @@ from helpers import SourceFile
 
 import cgguard
 from cgguard import _process
+from cgguard._support.frames import Stack
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -696,7 +697,7 @@ def test_a_child_forked_while_another_thread_matches_exemptions_does_not_hang() 
             # The exemptions the child's violations are matched against.
             child = _process.PROCESS.installation.reporter.exemptions
             assert child is not None
-            child.match("capture_disabled", (sys._getframe().f_code, 0))
+            child.match("capture_disabled", Stack((sys._getframe().f_code, 0)))
         except BaseException:
             code = 1
         os._exit(code)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from cgguard._core.watch import Watcher
 from cgguard._data.census import _SITE, UNDER_WAY, kind_of
 from cgguard._rules.record import API, BEGAN_AT, ENDED, FAILED, MODE, REFUSED, THREAD
-from cgguard._support.frames import innermost_visible, walk
+from cgguard._support.frames import site_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -18,21 +18,6 @@ if TYPE_CHECKING:
 
     from cgguard._data.census import CaptureSite, Census, Entry, Memory
     from cgguard._rules.record import Record
-
-
-def site_of(stack: Any) -> tuple[CodeType | None, int]:
-    """The user's frame of a capture record's stack: (code, instruction).
-
-    A ``with`` statement's frame is the user's, as a rule: then nothing is walked. One in
-    hidden code (torch's own ``with torch.cuda.graph``) is walked outwards, while it runs.
-    """
-    if len(stack) == 2 and type(stack[0]) is FrameType:
-        frame = stack[0]
-        found = innermost_visible((frame.f_code, stack[1]))
-        if found[0] is not None:
-            return found
-        return innermost_visible(walk(stack))
-    return innermost_visible(stack)
 
 
 class CensusWatcher(Watcher):

@@ -43,7 +43,7 @@ from cgguard._errors import hidden_by_pytest
 from cgguard._inspect import liveness as _liveness
 from cgguard._inspect.sync_ops import SYNC_OPS, every_tensor, syncs
 from cgguard._rules.record import BEGAN_AT, ENDED, FAILED, MODE, THREAD
-from cgguard._support.frames import innermost_visible, render, resolve, stack_above, where
+from cgguard._support.frames import Stack, resolve, site_of, stack_above
 from cgguard._support.warn import warn_once
 
 if TYPE_CHECKING:
@@ -493,7 +493,7 @@ class Inspector(Watcher):
     def _counts(self, record: Record) -> bool:
         """Whether this capture is among the first ``first`` of its site."""
         try:
-            code, _ = innermost_visible(resolve(record[BEGAN_AT]))
+            code, _ = site_of(record[BEGAN_AT])
         except Exception:
             return True
         key = id(code)
@@ -560,7 +560,7 @@ class Inspector(Watcher):
     def _what_broke(self, watch: Watch, error: BaseException) -> None:
         """Say which call broke the capture whose capture_end failed with ``error``."""
         try:
-            began = where(render(resolve(watch.record[BEGAN_AT])))
+            began = Stack(watch.record[BEGAN_AT]).where
             offender = watch.offender
             if offender is not None:
                 said = f"first offending call seen by cgguard: {offender['message']}"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, cast
 from cgguard._data.census_merge import counted
 from cgguard._data.schema import RANK_KEYS, REPORT_SCHEMA
 from cgguard._rules.table import RULES, Cause
-from cgguard._support.frames import render, where
+from cgguard._support.frames import where
 from cgguard._version import __version__, distribution_version
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
         SummaryEvent,
         ViolationEvent,
     )
-    from cgguard._support.frames import FrameInfo, Snapshot
+    from cgguard._support.frames import FrameInfo, Stack
 
 # Where a launcher says which process of a distributed job this is: (variable, key).
 _RANK_VARIABLES = tuple(zip(("RANK", "LOCAL_RANK", "WORLD_SIZE"), RANK_KEYS, strict=True))
@@ -87,14 +87,14 @@ def _common(
 def violation(
     rule: str,
     api: str,
-    stack: Snapshot,
-    cause_stack: Snapshot | None,
+    stack: Stack,
+    cause_stack: Stack | None,
     cause: Cause,
     *,
     action: str,
     count: int,
     thread: tuple[str, int | None] | None = None,
-    more: Mapping[str, Snapshot | None] | None = None,
+    more: Mapping[str, Stack | None] | None = None,
 ) -> ViolationEvent:
     """A violation as the full event docs/rules-and-events.md documents.
 
@@ -105,9 +105,9 @@ def violation(
     """
     spec = RULES[rule]
     event = _common(rule, api, action, count, thread)
-    frames = render(stack)
+    frames = stack.frames
     event["stack"] = frames
-    cause_frames = render(cause_stack) if cause_stack is not None else None
+    cause_frames = cause_stack.frames if cause_stack is not None else None
     if spec.cause_key is not None:
         event[spec.cause_key] = cause_frames
     if spec.thread_key is not None:
@@ -116,7 +116,7 @@ def violation(
         places = {}
         for key, _ in spec.more_stacks:
             known = (more or {}).get(key)
-            more_frames = render(known) if known is not None else None
+            more_frames = known.frames if known is not None else None
             event[key] = more_frames
             places[key] = where(more_frames) if more_frames else "an unknown place"
         cause = cause.explained(cause.why.format_map(places))
@@ -135,12 +135,12 @@ def repeat(site: Site, count: int, top: FrameInfo | None) -> ViolationEvent:
 
 
 def exempted(
-    rule: str, api: str, stack: Snapshot, exemption: str, matched: FrameInfo
+    rule: str, api: str, stack: Stack, exemption: str, matched: FrameInfo
 ) -> ExemptedEvent:
     """The first capture ``exemption`` let through at a site, logged at debug level."""
     event = _common(rule, api, "exempted", 1)
     event.update(event="cgguard.capture_exempted", level="debug")
-    frames = render(stack)
+    frames = stack.frames
     at = where([matched])
     event["message"] = f"{rule} exempted by {exemption} (matched {at}): {api} at {where(frames)}"
     event.update(exemption=exemption, matched=matched, count=1)

@@ -20,7 +20,7 @@ from cgguard._data.ledger import worth_logging
 from cgguard._reporting import events as _events
 from cgguard._rules.record import API, BEGAN_AT, MODE, THREAD, Disabler
 from cgguard._rules.table import BLAMES_FLAG, BLAMES_THREAD, RULES, Cause
-from cgguard._support.frames import innermost_visible, resolve
+from cgguard._support.frames import Stack
 from cgguard._support.threads import this_thread
 from cgguard._support.warn import warn_once
 
@@ -95,9 +95,11 @@ class Reporter:
     ) -> CaptureViolation | None:
         """Count and report each violation; return the error to raise, if an action says raise.
 
-        With ``refuse`` false (too late to refuse), a raise action is reported as logged. An
-        exempted violation is counted as exempted, and neither raised nor reported. ``more``:
-        the further stacks a rule's event holds (cgguard._rules.table, ``more_stacks``).
+        ``stack`` is the offending call's, as the capture path kept it: resolved once here, as
+        far as the report needs. With ``refuse`` false (too late to refuse), a raise action is
+        reported as logged. An exempted violation is counted as exempted, and neither raised
+        nor reported. ``more``: the further stacks a rule's event holds (cgguard._rules.table,
+        ``more_stacks``).
         """
         with self._lock:
             if self._retired:
@@ -110,7 +112,7 @@ class Reporter:
         if successor is not None:
             return successor.violated(found, api, stack, refuse=refuse, why=why, more=more)
         try:
-            return self._violated(found, api, stack, refuse=refuse, why=why, more=more)
+            return self._violated(found, api, Stack(stack), refuse=refuse, why=why, more=more)
         finally:
             self._leave()
 
@@ -181,7 +183,7 @@ class Reporter:
         self,
         found: Found,
         api: str,
-        stack: Snapshot | LiveStack,
+        stack: Stack,
         *,
         refuse: bool,
         why: str,
@@ -201,9 +203,9 @@ class Reporter:
             if action != "off":
                 acting.append((rule, cause, action))
         if self.profiles and acting:
-            acting, stack = self._profile_exempted(acting, api, stack)
+            acting = self._profile_exempted(acting, api, stack)
         if self.exemptions is not None and acting:
-            acting, stack = self._exempted(acting, api, stack, self.exemptions)
+            acting = self._exempted(acting, api, stack, self.exemptions)
         if not acting:
             return None
         refusing = next((r for r, _, a in acting if refuse and a == "raise"), None)
@@ -217,9 +219,7 @@ class Reporter:
             message = f"{refusing}: {api} refused (cgguard could not build the report: {exc!r})"
             return RULES[refusing].error(message, {"rule": refusing, "api": api})
 
-    def _profile_exempted(
-        self, acting: Acting, api: str, stack: Snapshot | LiveStack
-    ) -> tuple[Acting, Snapshot | LiveStack]:
+    def _profile_exempted(self, acting: Acting, api: str, stack: Stack) -> Acting:
         """The violations no built-in exemption lets through: each profile's exemptions are
         matched against the violations its own windows caused, and counted as any other."""
         kept: Acting = []
@@ -229,36 +229,32 @@ class Reporter:
             if exemptions is None:
                 kept.append(item)
                 continue
-            left, stack = self._exempted([item], api, stack, exemptions)
-            kept += left
-        return kept, stack
+            kept += self._exempted([item], api, stack, exemptions)
+        return kept
 
-    def _exempted(
-        self, acting: Acting, api: str, stack: Snapshot | LiveStack, exemptions: Exemptions
-    ) -> tuple[Acting, Snapshot | LiveStack]:
-        """The violations no exemption lets through, and the stack, walked if it was matched.
+    def _exempted(self, acting: Acting, api: str, stack: Stack, exemptions: Exemptions) -> Acting:
+        """The violations no exemption lets through.
 
         Each one exempted is counted, logged at debug level the first time at its site, and
         told to the report. A failure to match is one warning, and the violation stands.
         """
         try:
             if not any(exemptions.covers(rule) for rule, _, _ in acting):
-                return acting, stack
-            stack = resolve(stack)
+                return acting
             matched = [(item, exemptions.match(item[0], stack)) for item in acting]
         except Exception as exc:
             warn_once("guard:exempt", f"internal error while matching exemptions: {exc!r}")
-            return acting, stack
+            return acting
         for (rule, _, _), match in matched:
             if match is not None:
                 try:
                     self._count_exempted(rule, api, stack, match)
                 except Exception as exc:
                     warn_once("guard:exempted", f"could not count an exempted capture: {exc!r}")
-        return [item for item, match in matched if match is None], stack
+        return [item for item, match in matched if match is None]
 
-    def _count_exempted(self, rule: str, api: str, stack: Snapshot, match: Match) -> None:
-        code, lasti = innermost_visible(stack)
+    def _count_exempted(self, rule: str, api: str, stack: Stack, match: Match) -> None:
+        code, lasti = stack.site
         site, count = self.run.tally.count(rule, code, lasti, api, match.exemption)
         if count == 1:
             site.first = _events.exempted(rule, api, stack, match.exemption, match.frame())
@@ -275,14 +271,13 @@ class Reporter:
         self,
         acting: Acting,
         api: str,
-        stack: Snapshot | LiveStack,
+        stack: Stack,
         *,
         refuse: bool,
         why: str,
         more: Mapping[str, Snapshot | None] | None = None,
     ) -> CaptureViolation | None:
-        stack = resolve(stack)
-        code, lasti = innermost_visible(stack)
+        code, lasti = stack.site
         ledger = self.run.ledger
         error: CaptureViolation | None = None
         for rule, cause, action in acting:
@@ -331,7 +326,7 @@ def _profile_of(cause: Record | Disabler | None) -> str | None:
 def _event(
     rule: str,
     api: str,
-    stack: Snapshot,
+    stack: Stack,
     cause: Record | Disabler | None,
     *,
     action: str,
@@ -350,7 +345,8 @@ def _event(
             told = Cause("capture was disabled by cgguard's configuration at start")
         else:
             told = Cause(f"capture was disabled by {label}")
-        return _events.violation(rule, api, stack, origin, told, action=action, count=count)
+        cause_stack = Stack(origin) if origin is not None else None
+        return _events.violation(rule, api, stack, cause_stack, told, action=action, count=count)
     record = cast("Record", cause)
     thread = record[THREAD]
     if blames == BLAMES_THREAD:
@@ -373,7 +369,14 @@ def _event(
         elsewhere=thread is not this_thread(),
         why=why,
     )
-    began_at = resolve(record[BEGAN_AT])
+    more_stacks = {k: Stack(v) if v is not None else None for k, v in (more or {}).items()}
     return _events.violation(
-        rule, api, stack, began_at, told, action=action, count=count, more=more
+        rule,
+        api,
+        stack,
+        Stack(record[BEGAN_AT]),
+        told,
+        action=action,
+        count=count,
+        more=more_stacks,
     )

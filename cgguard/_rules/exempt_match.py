@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from types import CodeType
 
     from cgguard._rules.exempt_syntax import Pair
-    from cgguard._support.frames import FrameInfo, Snapshot
+    from cgguard._support.frames import FrameInfo, Stack
 
 # Per code object, which exemption matches its frame: code made at run time (inductor, exec)
 # would grow the cache without end, so it starts again past this size.
@@ -140,14 +140,15 @@ class Exemptions:
         """Whether any exemption names ``rule``."""
         return rule in self._places
 
-    def match(self, rule: str, stack: Snapshot) -> Match | None:
+    def match(self, rule: str, stack: Stack) -> Match | None:
         """The exemption of ``rule`` whose place is on ``stack``, innermost frame first."""
         places = self._places.get(rule)
         if not places:
             return None
         cache = self._cache[rule]
-        for i in range(0, len(stack), 2):
-            code = stack[i]
+        frames = stack.snapshot
+        for i in range(0, len(frames), 2):
+            code = frames[i]
             if isinstance(code, int):
                 break  # the count of outer frames a deep stack left out
             cached = cache.get(id(code))
@@ -158,7 +159,7 @@ class Exemptions:
                         cache.clear()
                     cache[id(code)] = cached
             if cached[1] >= 0:
-                lasti = stack[i + 1]
+                lasti = frames[i + 1]
                 assert isinstance(lasti, int)  # noqa: S101 - a snapshot pairs code with an int
                 return Match(places[cached[1]].label, code, lasti)
         return None

@@ -358,3 +358,67 @@ def innermost_visible(stack: Snapshot) -> tuple[CodeType | None, int]:
         if visible:
             return code, cast("int", stack[i + 1])
     return None, -1
+
+
+def site_of(stack: Snapshot | LiveStack) -> tuple[CodeType | None, int]:
+    """The user's innermost frame of a stack as the capture path kept it: (code, instruction).
+
+    A ``with`` statement's frame is the user's, as a rule: then nothing is walked. One in
+    hidden code (torch's own ``with torch.cuda.graph``) is walked outwards, while it runs.
+    """
+    if len(stack) == 2 and type(stack[0]) is FrameType:
+        frame = stack[0]
+        found = innermost_visible((frame.f_code, stack[1]))
+        if found[0] is not None:
+            return found
+        return innermost_visible(walk(stack))
+    return innermost_visible(stack)
+
+
+class Stack:
+    """A stack as the capture path kept it, resolved as a report needs it, each part once.
+
+    Its site (the user's innermost frame: where a violation is counted), its snapshot (a live
+    ``with`` frame walked, during the call that reports it, while the frame still runs), its
+    frames rendered, and where it is in one line. Made once per violation and handed alike to
+    the exemptions, the ledger and the event builder: a repeated violation at one site needs
+    its site alone, and a ``with`` statement's site needs no walk at all.
+    """
+
+    __slots__ = ("_frames", "_site", "_snapshot", "kept")
+
+    def __init__(self, kept: Snapshot | LiveStack) -> None:
+        self.kept = kept
+        self._snapshot: Snapshot | None = None
+        self._site: tuple[CodeType | None, int] | None = None
+        self._frames: list[FrameInfo] | None = None
+
+    @property
+    def snapshot(self) -> Snapshot:
+        """The whole stack, innermost frame first (see Snapshot)."""
+        snapshot = self._snapshot
+        if snapshot is None:
+            snapshot = self._snapshot = resolve(self.kept)
+        return snapshot
+
+    @property
+    def site(self) -> tuple[CodeType | None, int]:
+        """(code, instruction) of the user's innermost frame; (None, -1) if none is."""
+        site = self._site
+        if site is None:
+            known = self._snapshot
+            site = self._site = site_of(self.kept if known is None else known)
+        return site
+
+    @property
+    def frames(self) -> list[FrameInfo]:
+        """The user's frames, outermost first, each with its source line."""
+        frames = self._frames
+        if frames is None:
+            frames = self._frames = render(self.snapshot)
+        return frames
+
+    @property
+    def where(self) -> str:
+        """The innermost user frame as ``file:line (in function)``."""
+        return where(self.frames)
