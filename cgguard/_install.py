@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType
 
-    from cgguard._core.watch import Watcher
+    from cgguard._core.probes import Device
+    from cgguard._core.watcher import Watcher
     from cgguard._data.schema import CensusReport
     from cgguard._gate.profiles import ProfileInfo
     from cgguard._gate.windows import WindowInfo
@@ -131,7 +132,7 @@ def uninstall() -> None:
         if tracker is not None:
             # Each capture under way is over for cgguard: its watchers are told so, and those
             # on the capturing thread let go of what they hold there (a dispatch mode).
-            tracker.forget()
+            tracker.book.forget()
             tracker.active.clear()
     # Outside the lock, as for a reconfiguration: it waits for violations in flight.
     installation.reporter.close()
@@ -236,7 +237,7 @@ def forget_captures(kept: CaptureMark = ()) -> list[LeftOpen]:
     with process.lock:
         installation = process.installation
         tracker = installation.tracker if installation is not None else None
-        left = tracker.forget(kept) if tracker is not None else []
+        left = tracker.book.forget(kept) if tracker is not None else []
     return [
         LeftOpen(
             record[API],
@@ -283,7 +284,7 @@ def _configure(
 def _watchers(
     process: _process.Process, config: Config, installation: Installation
 ) -> tuple[Watcher, ...]:
-    """What ``config`` has follow each capture beyond the rules (cgguard._core.watch), in the
+    """What ``config`` has follow each capture beyond the rules (cgguard._core.watcher), in the
     order they are told: each feature that watches captures adds its own here."""
     watchers: list[Watcher] = []
     if config.census:
@@ -367,7 +368,7 @@ def _patch() -> None:
         try:
             from cgguard._core.patches import patch_torch
 
-            patch_torch(installation)
+            patch_torch(installation, process.device)
         except Exception as exc:
             warn_once("patch", f"could not patch torch, captures are not guarded: {exc!r}")
 
@@ -379,22 +380,25 @@ def patch_on_import(_: ModuleType) -> None:
     _patch()
 
 
-def refresh_device_sync() -> None:
-    """Hook what the simulated runtime put in place since install: its synchronize, and its
-    stand-in classes where they do not extend torch's (CUDA builds)."""
-    process = _process.PROCESS
-    with process.lock:
-        installation = process.installation
-        if installation is not None and installation.patches:
-            from cgguard._core.patches import patch_device_sync
-
-            patch_device_sync(installation)
-
-
-def release_device_sync() -> None:
-    """Let go of torch._C._cuda_synchronize (and any stand-in's hooks) before it is replaced."""
+def torch_changing() -> None:
+    """torch's device entry points are about to be replaced, by a runtime standing in for
+    CUDA's or by torch's own again: cgguard's hooks on what goes come off first."""
     process = _process.PROCESS
     with process.lock:
         installation = process.installation
         if installation is not None:
             installation.device_sync.restore()
+
+
+def torch_changed(device: Device | None) -> None:
+    """torch's device entry points were replaced: cgguard's hooks go on what is there now
+    (a synchronize, stand-in classes that do not extend torch's), and ``device`` answers what
+    torch cannot (None: torch's own device is back)."""
+    process = _process.PROCESS
+    with process.lock:
+        process.device = device
+        installation = process.installation
+        if installation is not None and installation.patches:
+            from cgguard._core.patches import patch_device_sync
+
+            patch_device_sync(installation, device)

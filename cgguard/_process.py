@@ -23,7 +23,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from cgguard._census.compile_skips import CompileSkips
-from cgguard._core.watch import GraphNotes
+from cgguard._core.watcher import GraphNotes
 from cgguard._gate.gate import Gate
 from cgguard._inspect.inspector import Inspections
 from cgguard._reporting import events
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from cgguard._core.installation import Installation
+    from cgguard._core.probes import Device
     from cgguard._data.schema import ViolationEvent
 
 
@@ -56,6 +57,8 @@ class Process:
         self.inspections = Inspections(self.listeners)  # the inspected captures under way
         self.skips = CompileSkips()  # torch.compile's skipped cudagraphs, while counted
         self.prometheus = Prometheus()  # the metrics, where asked for
+        # A runtime standing in for CUDA's, in place over torch: what the probes ask it.
+        self.device: Device | None = None
 
     def after_fork(self) -> None:
         """A forked child's fresh start, in one place: a lock another thread held at the fork

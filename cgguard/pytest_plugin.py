@@ -328,7 +328,7 @@ def _drop_abandoned() -> None:
 
     installation = _process.PROCESS.installation
     if installation is not None and installation.tracker is not None:
-        installation.tracker.drop_abandoned()
+        installation.tracker.sweep()
 
 
 def _forget_left_open(test: _Test) -> str | None:

@@ -158,7 +158,7 @@ def test_patch_failure_leaves_torch_importable() -> None:
     """If patching fails inside ``import torch``, torch imports, one line says so, all runs."""
     code = """
         import cgguard._core.patches
-        def broken(guard):
+        def broken(*args):
             raise RuntimeError("injected")
         cgguard._core.patches.patch_torch = broken
         import torch

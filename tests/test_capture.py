@@ -20,7 +20,7 @@ from torch.cuda import graph as graph_taken_early
 
 import cgguard
 from cgguard import _process
-from cgguard._core import tracker as _capture
+from cgguard._rules import record as _record
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -714,7 +714,7 @@ def test_a_capture_left_by_a_thread_that_ended_is_abandoned_not_nested(
 
         def begins_on_a_new_thread() -> None:  # often the ended thread's id again
             idents.append(threading.get_ident())
-            reused.append(tracker().check(_capture.API_CAPTURE_BEGIN, 1, "global", (), None))
+            reused.append(tracker().check(_record.API_CAPTURE_BEGIN, 1, "global", (), None))
 
         join_all(run_in_thread(begins_on_a_new_thread))
     abandoned = frame("@abandoned", "leaves_a_capture")

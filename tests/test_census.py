@@ -20,7 +20,8 @@ from cgguard import _process
 from cgguard._census import watcher as _watcher
 from cgguard._census.watcher import CensusWatcher
 from cgguard._core import tracker as _capture
-from cgguard._core.tracker import NO_TORCH, Tracker
+from cgguard._core.probes import NO_TORCH
+from cgguard._core.tracker import Tracker
 from cgguard._data import census as _census
 from cgguard._data import census_merge as _census_merge
 from cgguard._data.census import Census, skip_reason
@@ -40,7 +41,7 @@ REPLAY = "torch.cuda.graphs.CUDAGraph.replay"
 # Three captures at one site, two at another, the second of them refused. The census's clock
 # is replaced by one that moves STEP seconds at each reading, so that each capture that runs
 # takes exactly STEP seconds (one reading at its begin, one at its end): the census reads it at
-# the begin, and the capture path where it stamps the end (cgguard._core.watch.Watcher).
+# the begin, and the capture path where it stamps the end (cgguard._core.watcher.Watcher).
 PROGRAM = """\
 import json
 import sys

@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import cgguard
 from cgguard import _process
+from cgguard._core import patches as _patches
 from cgguard._inspect import inspector as _inspect
 from cgguard._inspect import liveness as _liveness
 from cgguard._inspect.sync_ops import SYNC_OPS, syncs
@@ -896,14 +897,14 @@ def test_the_cuda_predicate_takes_any_argument() -> None:
     """An op's non-tensor arguments (torch.unique's bools) and sparse tensors are no device
     tensors to the sync table; a dense CPU tensor is not one either."""
     sparse = torch.zeros(3).to_sparse()
-    assert [_inspect._is_cuda(v) for v in (True, None, [1], sparse, torch.zeros(2))] == [False] * 5
+    assert [_patches._is_cuda(v) for v in (True, None, [1], sparse, torch.zeros(2))] == [False] * 5
 
 
 def test_the_sync_table_judges_torch_uniques_arguments_with_the_cuda_predicate() -> None:
     """torch.unique's aten::_unique2 gets bools beside its tensor: with the CUDA predicate a
     host call is judged not to synchronize, with no error."""
     op = SYNC_OPS["aten::_unique2"]
-    assert syncs(op, (torch.zeros(3), True, False, False), {}, _inspect._is_cuda) is False
+    assert syncs(op, (torch.zeros(3), True, False, False), {}, _patches._is_cuda) is False
 
 
 @pytest.mark.simulated

@@ -71,7 +71,8 @@ import threading
 
 import cgguard
 from cgguard import _process
-from cgguard._core.tracker import NO_TORCH, Tracker
+from cgguard._core.probes import NO_TORCH
+from cgguard._core.tracker import Tracker
 from cgguard._support.frames import snapshot
 
 

@@ -12,12 +12,16 @@ from helpers import DISABLED_SENTENCE, SourceFile, thread, tracker
 
 import cgguard
 from cgguard import _process
+from cgguard._core import syncs as _syncs
 from cgguard._core import tracker as _capture
-from cgguard._core.tracker import NO_TORCH, Tracker
+from cgguard._core.probes import NO_TORCH
+from cgguard._core.syncs import SyncChecks
+from cgguard._core.tracker import Tracker
 from cgguard._data.ledger import Run
 from cgguard._gate.flags import CaptureFlag, FlagSource
 from cgguard._install import CaptureInfo
 from cgguard._reporting.reporter import Reporter
+from cgguard._rules import record as _record
 from cgguard._rules.record import Disabler
 from cgguard._support.threads import this_thread
 
@@ -62,7 +66,7 @@ DISABLED = Disabler(None, None)
 
 def sync_entry_point() -> None:
     """Stands in for cgguard's wrapper on a synchronize entry point: it calls check_sync."""
-    tracker().check_sync(_capture.API_SYNCHRONIZE)
+    SyncChecks(tracker()).check(_record.API_SYNCHRONIZE)
 
 
 def user_synchronizes() -> None:
@@ -89,7 +93,7 @@ def _no_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def record(thread_id: int, key: int = 1, mode: str = "global") -> Record:
-    return (key, thread(thread_id), _capture.API_GRAPH, mode, stack_of(outer_begins), None)
+    return (key, thread(thread_id), _record.API_GRAPH, mode, stack_of(outer_begins), None)
 
 
 def test_a_capture_is_active_from_the_moment_torch_begins_it() -> None:
@@ -110,7 +114,7 @@ def test_disabled_event_is_the_documented_schema(events: list[dict[str, object]]
     cgguard.install()
     _process.PROCESS.gate.flag.set(False, stack_of(runner_disables))
     with pytest.raises(cgguard.CaptureDisabledError) as raised:
-        check(_capture.API_GRAPH, 1, "global", stack_of(plugin_captures))
+        check(_record.API_GRAPH, 1, "global", stack_of(plugin_captures))
     (event,) = events
     assert TIMESTAMP.fullmatch(str(event["timestamp"]))
     where_plugin = f"{__file__}:{frame('@plugin', 'plugin_captures')['line']} (in plugin_captures)"
@@ -143,7 +147,7 @@ def test_disabled_event_is_the_documented_schema(events: list[dict[str, object]]
 def test_disabled_by_configuration_has_null_stack(events: list[dict[str, object]]) -> None:
     """Capture disabled by the configuration at start: disabled_stack is null and says so."""
     cgguard.install(cgguard.Config(mode="log", capture="disabled"))
-    check(_capture.API_GRAPH, 1, "global", stack_of(plugin_captures))
+    check(_record.API_GRAPH, 1, "global", stack_of(plugin_captures))
     (event,) = events
     assert (event["action"], event["level"], event["disabled_stack"]) == ("logged", "warning", None)
     assert str(event["message"]).endswith(
@@ -157,13 +161,13 @@ def test_nested_event_is_the_documented_schema(events: list[dict[str, object]]) 
     outer = (
         5,
         this_thread(),
-        _capture.API_CAPTURE_BEGIN,
+        _record.API_CAPTURE_BEGIN,
         "global",
         stack_of(outer_begins),
         None,
     )
     tracker().active[outer[0]] = outer
-    got = check(_capture.API_GRAPH, 6, "global", stack_of(plugin_captures))
+    got = check(_record.API_GRAPH, 6, "global", stack_of(plugin_captures))
     assert got[0] == 6
     (event,) = events
     where_plugin = f"{__file__}:{frame('@plugin', 'plugin_captures')['line']} (in plugin_captures)"
@@ -194,9 +198,9 @@ def test_nested_event_is_the_documented_schema(events: list[dict[str, object]]) 
 def test_concurrent_event_is_the_documented_schema(events: list[dict[str, object]]) -> None:
     """A capture begun while another thread captures globally: the event names both captures."""
     cgguard.install()
-    other = (5, thread(12345), _capture.API_GRAPH, "global", stack_of(other_begins), None)
+    other = (5, thread(12345), _record.API_GRAPH, "global", stack_of(other_begins), None)
     tracker().active[other[0]] = other
-    got = check(_capture.API_CAPTURE_BEGIN, 6, "thread_local", stack_of(plugin_captures))
+    got = check(_record.API_CAPTURE_BEGIN, 6, "thread_local", stack_of(plugin_captures))
     assert got[0] == 6
     (event,) = events
     where_plugin = f"{__file__}:{frame('@plugin', 'plugin_captures')['line']} (in plugin_captures)"
@@ -232,7 +236,7 @@ def test_sync_event_is_the_documented_schema(events: list[dict[str, object]]) ->
     mine = (
         5,
         this_thread(),
-        _capture.API_CAPTURE_BEGIN,
+        _record.API_CAPTURE_BEGIN,
         "global",
         stack_of(outer_begins),
         None,
@@ -277,7 +281,7 @@ def test_sync_event_is_the_documented_schema(events: list[dict[str, object]]) ->
 def test_sync_on_a_thread_not_capturing_reports_nothing(events: list[dict[str, object]]) -> None:
     """A synchronize while only another thread captures: no event, nothing counted."""
     cgguard.install(cgguard.Config(rules={"sync_during_capture": "raise"}))
-    other = (5, thread(12345), _capture.API_GRAPH, "thread_local", stack_of(other_begins), None)
+    other = (5, thread(12345), _record.API_GRAPH, "thread_local", stack_of(other_begins), None)
     tracker().active[other[0]] = other
     user_synchronizes()
     assert (events, cgguard.status().violations) == ([], {})
@@ -292,7 +296,7 @@ def test_ranks_come_before_the_timestamp(
     monkeypatch.setenv("WORLD_SIZE", "8")
     cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
     _process.PROCESS.gate.flag.set(False, stack_of(runner_disables))
-    check(_capture.API_GRAPH, 1, "global", stack_of(plugin_captures))
+    check(_record.API_GRAPH, 1, "global", stack_of(plugin_captures))
     (event,) = events
     head = ["event", "level", "rule", "action", "api", "message", "count", "thread", "thread_id"]
     expected = (
@@ -313,7 +317,7 @@ def test_only_the_ranks_set_are_reported(
     monkeypatch.setenv("RANK", "0")
     cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
     _process.PROCESS.gate.flag.set(False, None)
-    check(_capture.API_GRAPH, 1, "global", stack_of(plugin_captures))
+    check(_record.API_GRAPH, 1, "global", stack_of(plugin_captures))
     (event,) = events
     keys = list(event)
     expected = (["pid", "rank", "timestamp"], 0)
@@ -325,7 +329,7 @@ def test_count_is_per_site(events: list[dict[str, object]]) -> None:
     cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
     _process.PROCESS.gate.flag.set(False, None)
     for stack in (plugin_captures, plugin_captures, other_begins, plugin_captures):
-        check(_capture.API_GRAPH, 1, "global", stack_of(stack))
+        check(_record.API_GRAPH, 1, "global", stack_of(stack))
     mine = record(threading.get_ident())
     tracker().active[mine[0]] = mine
     for _ in range(2):
@@ -363,7 +367,7 @@ def test_diagnostics_log_in_raise_mode_unless_set_to_raise(
         if rule == "sync_during_capture":
             user_synchronizes()
         else:
-            check(_capture.API_CAPTURE_BEGIN, 2, "global", stack_of(plugin_captures))
+            check(_record.API_CAPTURE_BEGIN, 2, "global", stack_of(plugin_captures))
 
     cgguard.install(cgguard.Config(mode="raise", log_file=os.devnull))
     tracker().active[cause[0]] = cause
@@ -387,7 +391,7 @@ def test_rule_off_is_silent_and_uncounted(mode: str, events: list[dict[str, obje
     mine, other = record(threading.get_ident(), 1), record(12345, 2)
     tracker().active.update({1: mine, 2: other})
     _process.PROCESS.gate.flag.set(False, None)
-    got = check(_capture.API_GRAPH, 3, "global", stack_of(plugin_captures))
+    got = check(_record.API_GRAPH, 3, "global", stack_of(plugin_captures))
     user_synchronizes()
     assert (got[0], events, cgguard.status().violations) == (3, [], {})
 
@@ -402,7 +406,7 @@ def test_each_rule_takes_its_own_action(events: list[dict[str, object]]) -> None
     tracker().active.update({1: mine, 2: other})
     _process.PROCESS.gate.flag.set(False, None)
     with pytest.raises(cgguard.NestedCaptureError) as raised:
-        check(_capture.API_GRAPH, 3, "global", stack_of(plugin_captures))
+        check(_record.API_GRAPH, 3, "global", stack_of(plugin_captures))
     assert [(e["rule"], e["action"]) for e in events] == [
         ("nested_capture", "raised"),
         ("concurrent_capture", "logged"),
@@ -417,7 +421,7 @@ def test_raise_mode_raises_the_first_and_reports_all(events: list[dict[str, obje
     tracker().active[mine[0]] = mine
     _process.PROCESS.gate.flag.set(False, None)
     with pytest.raises(cgguard.CaptureDisabledError):
-        check(_capture.API_GRAPH, 2, "global", stack_of(plugin_captures))
+        check(_record.API_GRAPH, 2, "global", stack_of(plugin_captures))
     assert [(e["rule"], e["action"]) for e in events] == [
         ("capture_disabled", "raised"),
         ("nested_capture", "raised"),
@@ -458,7 +462,7 @@ def test_internal_error_lets_the_capture_through(
 
     monkeypatch.setattr(_capture, "find_violations", broken)
     for key in (1, 2):
-        assert check(_capture.API_GRAPH, key, "global", ())[0] == key
+        assert check(_record.API_GRAPH, key, "global", ())[0] == key
     assert capsys.readouterr().err == (
         "cgguard: internal error while checking a capture, not checked: LookupError('guard bug')\n"
     )
@@ -475,7 +479,7 @@ def test_internal_error_lets_the_synchronize_through(
     def broken(*args: object, **kwargs: object) -> None:
         raise LookupError("sync guard bug")
 
-    monkeypatch.setattr(_capture, "find_sync_violation", broken)
+    monkeypatch.setattr(_syncs, "find_sync_violation", broken)
     for _ in range(2):
         user_synchronizes()
     assert capsys.readouterr().err == (
@@ -496,7 +500,7 @@ def test_failing_listener_does_not_stop_the_report(
     _process.PROCESS.listeners.insert(0, bad)
     _process.PROCESS.gate.flag.set(False, None)
     with pytest.raises(cgguard.CaptureDisabledError):
-        check(_capture.API_GRAPH, 1, "global", ())
+        check(_record.API_GRAPH, 1, "global", ())
     assert len(events) == 1
     assert capsys.readouterr().err == (
         "cgguard: a violation listener failed: ValueError('listener bug')\n"
@@ -512,7 +516,7 @@ def test_sync_during_a_relaxed_capture_says_only_what_cuda_documents(
     mine = (
         5,
         this_thread(),
-        _capture.API_CAPTURE_BEGIN,
+        _record.API_CAPTURE_BEGIN,
         "relaxed",
         stack_of(outer_begins),
         None,
@@ -547,7 +551,7 @@ def test_a_report_that_cannot_be_built_still_refuses(
     _process.PROCESS.gate.flag.set(False, None)
     for _ in range(2):
         with pytest.raises(cgguard.CaptureDisabledError) as raised:
-            check(_capture.API_GRAPH, 1, "global", stack_of(plugin_captures))
+            check(_record.API_GRAPH, 1, "global", stack_of(plugin_captures))
     message = (
         "capture_disabled: torch.cuda.graph refused (cgguard could not build the report: "
         "LookupError('report bug'))"
@@ -574,7 +578,7 @@ def test_a_report_that_cannot_be_built_lets_a_logged_violation_through(
     monkeypatch.setattr(_events, "violation", broken)
     cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
     _process.PROCESS.gate.flag.set(False, None)
-    assert check(_capture.API_GRAPH, 9, "global", ())[0] == 9
+    assert check(_record.API_GRAPH, 9, "global", ())[0] == 9
 
 
 @pytest.mark.parametrize(("raw", "kept"), [("²", "²"), ("0x3", "0x3"), ("7", 7)])
@@ -586,7 +590,7 @@ def test_a_rank_that_is_not_a_plain_number_is_kept_as_text(
     cgguard.install(cgguard.Config(log_file=os.devnull))
     _process.PROCESS.gate.flag.set(False, None)
     with pytest.raises(cgguard.CaptureDisabledError):
-        check(_capture.API_GRAPH, 1, "global", stack_of(plugin_captures))
+        check(_record.API_GRAPH, 1, "global", stack_of(plugin_captures))
     assert [event["rank"] for event in events] == [kept]
 
 
@@ -607,7 +611,7 @@ def test_a_followed_flag_that_cannot_be_read_allows_with_one_warning(
     mine = record(threading.get_ident())
     tracker().active[mine[0]] = mine
     with pytest.raises(cgguard.NestedCaptureError):
-        check(_capture.API_GRAPH, 2, "global", stack_of(plugin_captures))
+        check(_record.API_GRAPH, 2, "global", stack_of(plugin_captures))
     assert capsys.readouterr().err == (
         "cgguard: cannot read cgg_broken.capture_ok, not followed: OSError('flag unreadable')\n"
     )
@@ -622,7 +626,7 @@ def test_a_capture_path_built_alone_shares_nothing_with_the_process() -> None:
     reporter = Reporter(cgguard.Config(mode="log"), run, listeners=[seen.append])
     alone = Tracker(NO_TORCH, reporter, flag=flag, follows=[])
     flag.set(False, stack_of(runner_disables))
-    record = alone.check(_capture.API_GRAPH, 1, "global", stack_of(plugin_captures), None)[0]
+    record = alone.check(_record.API_GRAPH, 1, "global", stack_of(plugin_captures), None)[0]
     assert (record[0], [e["rule"] for e in seen], run.ledger.totals()) == (  # type: ignore[index]
         1,
         ["capture_disabled"],
@@ -651,9 +655,9 @@ def test_a_synchronize_hook_with_no_caller_frame_warns_and_goes_on(
     tracker().active[mine[0]] = mine
     # Whichever thread synchronizes is taken as capturing: the raw thread's id is not known
     # before it runs.
-    monkeypatch.setattr(_capture, "find_sync_violation", lambda thread, active, **_: mine)
+    monkeypatch.setattr(_syncs, "find_sync_violation", lambda thread, active, **_: mine)
     done = threading.Event()
-    sync = tracker().make_device_sync(done.set)
+    sync = SyncChecks(tracker()).make_device_sync(done.set)
     _thread.start_new_thread(sync, ())  # sync is the thread's first and only Python frame
     assert done.wait(timeout=20)
     assert capsys.readouterr().err == (
@@ -678,13 +682,13 @@ def test_each_kind_of_internal_error_gets_its_own_warning(
     mine = record(threading.get_ident())
     tracker().active[mine[0]] = mine
     monkeypatch.setattr(_capture, "find_violations", broken("check"))
-    monkeypatch.setattr(_capture, "find_sync_violation", broken("sync"))
+    monkeypatch.setattr(_syncs, "find_sync_violation", broken("sync"))
     monkeypatch.setattr(_events, "violation", broken("report"))
-    check(_capture.API_GRAPH, 2, "global", ())
+    check(_record.API_GRAPH, 2, "global", ())
     user_synchronizes()
     monkeypatch.undo()
     monkeypatch.setattr(_events, "violation", broken("report"))
-    check(_capture.API_GRAPH, 3, "global", stack_of(plugin_captures))
+    check(_record.API_GRAPH, 3, "global", stack_of(plugin_captures))
     assert capsys.readouterr().err.splitlines() == [
         "cgguard: internal error while checking a capture, not checked: LookupError('check')",
         "cgguard: internal error while checking a synchronize, not checked: LookupError('sync')",
@@ -702,8 +706,8 @@ def test_a_relaxed_capture_outlives_its_thread(events: list[dict[str, object]]) 
     assert refs[0]() is None  # the thread's mark went with it
     cgguard.install(cgguard.Config(mode="log", log_file=os.devnull))
     stack = stack_of(outer_begins)
-    tracker().active[1] = (1, refs[0], _capture.API_CAPTURE_BEGIN, "relaxed", stack, None)
-    tracker().active[2] = (2, refs[0], _capture.API_CAPTURE_BEGIN, "thread_local", stack, None)
+    tracker().active[1] = (1, refs[0], _record.API_CAPTURE_BEGIN, "relaxed", stack, None)
+    tracker().active[2] = (2, refs[0], _record.API_CAPTURE_BEGIN, "thread_local", stack, None)
     for _ in range(2):
-        tracker().drop_abandoned()
+        tracker().sweep()
     assert (sorted(tracker().active), [e["rule"] for e in events]) == ([1], ["abandoned_capture"])

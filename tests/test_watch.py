@@ -1,4 +1,4 @@
-"""Watchers (cgguard._core.watch): what the capture path tells them, once per capture, and the
+"""Watchers (cgguard._core.watcher): what the capture path tells them, once per capture, and the
 replay hook that exists only while one of them wants replays."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 
 import cgguard
 from cgguard import _process
-from cgguard._core.watch import Watcher
+from cgguard._core.watcher import Watcher
 from cgguard._rules.record import ABANDONED, ENDED, FAILED
 from cgguard.testing import simulated_cuda
 
@@ -83,7 +83,7 @@ def test_a_capture_torch_refuses_to_begin_is_closed_as_failed(recorder: Recorder
         ("closed", ("token", id(graph)), (FAILED, "SimulatedCudaError")),
     ]
     # Nothing left to tell at a later end.
-    assert helpers.tracker().tokens == {}
+    assert helpers.tracker().fanout.tokens == {}
 
 
 # What a Stamped watcher's tokens start from: the clock is added to it.

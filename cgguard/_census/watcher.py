@@ -7,7 +7,7 @@ from time import perf_counter
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from cgguard._core.watch import Watcher
+from cgguard._core.watcher import Watcher
 from cgguard._data.census import _SITE, UNDER_WAY, kind_of
 from cgguard._rules.record import API, BEGAN_AT, ENDED, FAILED, MODE, REFUSED, THREAD
 from cgguard._support.frames import site_of
@@ -77,7 +77,7 @@ class CensusWatcher(Watcher):
         if self._plain and waiting < census.limit:
             site.pending.append(entry)  # in its site's count from now, even if it never ends
             entry[0] = -perf_counter()  # read last: the time is capture_begin's own
-            return entry  # stamped as it ends (cgguard._core.watch.Watcher)
+            return entry  # stamped as it ends (cgguard._core.watcher.Watcher)
         return self._opening(entry, graph, waiting)
 
     def _opening(self, entry: Entry, graph: Any, waiting: int) -> Any:

@@ -11,8 +11,9 @@ from cgguard._rules.exempt_match import Exemptions
 from cgguard._support.patchset import PatchSet, describe
 
 if TYPE_CHECKING:
+    from cgguard._core.syncs import SyncChecks
     from cgguard._core.tracker import Tracker
-    from cgguard._core.watch import GraphNotes, Watcher
+    from cgguard._core.watcher import GraphNotes, Watcher
     from cgguard._gate.gate import Gate
 
 
@@ -20,7 +21,8 @@ class Installation:
     """One install(): how violations are answered, what torch carries, and the capture path.
 
     The reporter is built whole from a configuration and swapped in whole (``use``); the run it
-    counts into is kept across every swap. The tracker exists once torch is patched.
+    counts into is kept across every swap. The tracker and its synchronize checks exist once
+    torch is patched.
     """
 
     def __init__(self, reporter: Reporter, gate: Gate, notes: GraphNotes) -> None:
@@ -30,18 +32,20 @@ class Installation:
         self.gate = gate
         self.notes = notes
         self.tracker: Tracker | None = None
-        # What cgguard._core.patches put on torch: its entry points, and torch._C._cuda_synchronize,
-        # which comes and goes with the simulated runtime on CPU builds.
+        self.syncs: SyncChecks | None = None
+        # What cgguard._core.patches put on torch: its entry points.
         self.patches = PatchSet()
-        # The simulation may remove its synchronize first: then there is nothing to put back.
-        # Also the hooks on its stand-ins where they do not extend torch's classes (CUDA builds).
+        # torch._C._cuda_synchronize, which comes and goes with a runtime standing in for
+        # CUDA's on CPU builds: that runtime may remove it first, and then there is nothing to
+        # put back. Also the hooks on its stand-ins where they do not extend torch's classes.
         self.device_sync = PatchSet(keep_newer=True)
-        # What follows each capture beyond the rules (cgguard._core.watch), as the configuration
-        # asks; and the hook on CUDAGraph.replay, in place only while one of them wants it.
+        # What follows each capture beyond the rules (cgguard._core.watcher), as the
+        # configuration asks; and the hook on CUDAGraph.replay, in place only while one of them
+        # wants it.
         self.watchers: tuple[Watcher, ...] = ()
         self.replay = PatchSet()
-        # Where replay lands, as cgguard._core.patches found it: torch's CUDAGraph, and a stand-in's
-        # that does not extend it.
+        # Where replay lands, as cgguard._core.patches found it: torch's CUDAGraph, and a
+        # stand-in's that does not extend it.
         self.replay_targets: list[tuple[Any, str]] = []
         # The watchers' own hooks on torch (Watcher.hooks), in place while they are watching.
         self.watcher_hooks = PatchSet()
@@ -75,14 +79,14 @@ class Installation:
     def _hook_replays(self) -> None:
         """Hook CUDAGraph.replay while a watcher wants replays; put torch's back otherwise."""
         tracker = self.tracker
-        if tracker is None or not tracker.replay_watchers:
+        if tracker is None or not tracker.fanout.replay_watchers:
             self.replay.restore()
         elif [
             describe(owner, name) for owner, name in self.replay_targets
         ] != self.replay.targets():
             self.replay.restore()
             self.replay.apply(
-                (owner, name, tracker.make_replay) for owner, name in self.replay_targets
+                (owner, name, tracker.fanout.make_replay) for owner, name in self.replay_targets
             )
 
     def _hook_watchers(self) -> None:
@@ -119,5 +123,5 @@ class Installation:
             metrics=old.metrics,
         )
         if self.tracker is not None:
-            self.tracker.after_fork()
+            self.tracker.book.after_fork()
             self.tracker.reporter = self.reporter

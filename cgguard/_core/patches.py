@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import wrapt
 
-from cgguard._core.tracker import (
+from cgguard._core.probes import Probes
+from cgguard._core.syncs import SyncChecks
+from cgguard._core.tracker import Tracker
+from cgguard._rules.record import (
     API_ACCELERATOR_CAPTURE_BEGIN,
     API_ACCELERATOR_GRAPH,
     API_ACCELERATOR_SYNCHRONIZE,
@@ -25,8 +28,6 @@ from cgguard._core.tracker import (
     API_EVENT_SYNCHRONIZE,
     API_STREAM_QUERY,
     API_STREAM_SYNCHRONIZE,
-    Probes,
-    Tracker,
 )
 from cgguard._support.patchset import describe
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from types import ModuleType
 
     from cgguard._core.installation import Installation
+    from cgguard._core.probes import Device
 
 
 def real_class(cls: type) -> type:
@@ -72,30 +74,33 @@ def _wrapt(wrapper: Callable[[Any, Any, Any, Any], Any]) -> Callable[[Any], Any]
 _KINDS = ("CUDAGraph", "Stream", "Event")
 
 
-def _class_hooks(tracker: Tracker) -> dict[str, list[tuple[str, Callable[[Any], Any]]]]:
-    """The tracker's hooks on torch's CUDAGraph, Stream and Event classes, by class name."""
+def _class_hooks(
+    tracker: Tracker, syncs: SyncChecks
+) -> dict[str, list[tuple[str, Callable[[Any], Any]]]]:
+    """The capture path's hooks on torch's CUDAGraph, Stream and Event classes, by class name."""
     return {
         "CUDAGraph": [
             ("capture_begin", _wrapt(tracker.capture_begin)),
             ("capture_end", tracker.make_capture_end),
         ],
         "Stream": [
-            ("synchronize", _wrapt(tracker.checks_sync(API_STREAM_SYNCHRONIZE))),
-            ("query", _wrapt(tracker.checks_sync(API_STREAM_QUERY))),
+            ("synchronize", _wrapt(syncs.checks(API_STREAM_SYNCHRONIZE))),
+            ("query", _wrapt(syncs.checks(API_STREAM_QUERY))),
         ],
         "Event": [
-            ("synchronize", _wrapt(tracker.checks_sync(API_EVENT_SYNCHRONIZE))),
-            ("query", _wrapt(tracker.checks_sync(API_EVENT_QUERY))),
+            ("synchronize", _wrapt(syncs.checks(API_EVENT_SYNCHRONIZE))),
+            ("query", _wrapt(syncs.checks(API_EVENT_QUERY))),
             # A plain function, as capture_end: it runs on every record, capturing or not.
-            ("record", tracker.make_event_record),
-            ("elapsed_time", _wrapt(tracker.checks_sync(API_EVENT_ELAPSED_TIME))),
+            ("record", syncs.make_event_record),
+            ("elapsed_time", _wrapt(syncs.checks(API_EVENT_ELAPSED_TIME))),
         ],
     }
 
 
-def patch_torch(installation: Installation) -> None:
+def patch_torch(installation: Installation, device: Device | None = None) -> None:
     """Put a capture path's hooks on torch's entry points. Raises, torch untouched, if torch is
-    not as expected."""
+    not as expected. ``device``: a runtime standing in for CUDA's, whose answers the probes
+    give in place of torch's."""
     graphs = importlib.import_module("torch.cuda.graphs")
     streams = importlib.import_module("torch.cuda.streams")
     classes = {
@@ -103,23 +108,15 @@ def patch_torch(installation: Installation) -> None:
         "Stream": real_class(streams.Stream),
         "Event": real_class(streams.Event),
     }
-    cuda = importlib.import_module("torch.cuda")
-    # Looked up at each call: the simulated runtime replaces them while it is in place.
-    probes = Probes(
-        is_capturing=lambda: bool(cuda.is_current_stream_capturing()),
-        current_stream=lambda: cuda.current_stream(),  # noqa: PLW0108 - looked up per call
-        is_current_stream=lambda stream: bool(stream == cuda.current_stream()),
-        stream_captures=lambda stream: _stream_captures(cuda, stream),
-        memory=_memory_probe(cuda),
-    )
     gate = installation.gate
     tracker = Tracker(
-        probes,
+        torch_probes().over(device),
         installation.reporter,
         flag=gate.flag,
         follows=gate.follows,
         notes=installation.notes,
     )
+    syncs = SyncChecks(tracker)
     patches = installation.patches
     patches.apply(
         [
@@ -127,20 +124,43 @@ def patch_torch(installation: Installation) -> None:
             # The Python methods on the real classes: subclasses and bound methods land here.
             *(
                 (classes[kind], name, make)
-                for kind, hooks in _class_hooks(tracker).items()
+                for kind, hooks in _class_hooks(tracker, syncs).items()
                 for name, make in hooks
             ),
         ]
     )
     try:
-        patches.apply(_accelerator_entry_points(tracker))
-        installation.tracker = tracker
-        patch_device_sync(installation)
+        patches.apply(_accelerator_entry_points(tracker, syncs))
+        installation.tracker, installation.syncs = tracker, syncs
+        patch_device_sync(installation, device)
     except BaseException:
-        installation.tracker = None
+        installation.tracker = installation.syncs = None
         installation.replay.restore()
         patches.restore()
         raise
+
+
+def torch_probes() -> Probes:
+    """The probes as torch answers them: a CUDA tensor is on the device, and the caching
+    allocator says whose pool a block is in."""
+    cuda = importlib.import_module("torch.cuda")
+    # Looked up at each call: a runtime standing in for CUDA's replaces them while in place.
+    return Probes(
+        is_capturing=lambda: bool(cuda.is_current_stream_capturing()),
+        current_stream=lambda: cuda.current_stream(),  # noqa: PLW0108 - looked up per call
+        is_current_stream=lambda stream: bool(stream == cuda.current_stream()),
+        stream_captures=lambda stream: _stream_captures(cuda, stream),
+        memory=_memory_probe(cuda),
+        on_device=_is_cuda,
+        allocator=True,
+    )
+
+
+def _is_cuda(value: Any) -> bool:
+    """Whether ``value`` is a strided CUDA tensor: an op's argument may be anything (a bool, a
+    list), and a sparse tensor has no storage of its own to copy or index."""
+    torch = sys.modules["torch"]
+    return isinstance(value, torch.Tensor) and value.is_cuda and value.layout == torch.strided
 
 
 def _memory_probe(cuda: ModuleType) -> Callable[[], tuple[int, int, int] | None] | None:
@@ -182,7 +202,9 @@ def _stream_captures(cuda: ModuleType, stream: Any) -> bool:
         return bool(cuda.is_current_stream_capturing())
 
 
-def _accelerator_entry_points(tracker: Tracker) -> list[tuple[Any, str, Callable[[Any], Any]]]:
+def _accelerator_entry_points(
+    tracker: Tracker, syncs: SyncChecks
+) -> list[tuple[Any, str, Callable[[Any], Any]]]:
     """torch.accelerator's graph and synchronize (torch 2.13 and later), where torch has them.
 
     ``torch.accelerator.Graph`` is Python over the C ``_acceleratorGraph``: its ``__enter__``
@@ -211,7 +233,7 @@ def _accelerator_entry_points(tracker: Tracker) -> list[tuple[Any, str, Callable
             (
                 c_module,
                 "_accelerator_synchronizeDevice",
-                lambda original: tracker.make_device_sync(original, API_ACCELERATOR_SYNCHRONIZE),
+                lambda original: syncs.make_device_sync(original, API_ACCELERATOR_SYNCHRONIZE),
             )
         )
     return points
@@ -219,25 +241,27 @@ def _accelerator_entry_points(tracker: Tracker) -> list[tuple[Any, str, Callable
 
 # torch.cuda.synchronize() lands in torch._C._cuda_synchronize: wrapping that, rather than the
 # Python function, also catches ``from torch.cuda import synchronize`` bound before install.
-# CPU builds have no such function; the simulated runtime adds one while it is active (and, on
-# CUDA builds, stand-in classes that do not extend torch's), and cgguard.testing has
-# cgguard._install call patch_device_sync() again as they come and go.
+# CPU builds have no such function; a runtime standing in for CUDA's adds one while it is in
+# place (and, on CUDA builds, stand-in classes that do not extend torch's), and tells
+# cgguard._install as it comes and goes, which calls patch_device_sync() again.
 
 
-def patch_device_sync(installation: Installation) -> None:
+def patch_device_sync(installation: Installation, device: Device | None = None) -> None:
     """Wrap torch._C._cuda_synchronize if it exists, and the hooked methods of stand-ins that do
-    not extend torch's classes, where the tracker's wrappers are not all there already."""
-    tracker = installation.tracker
-    if tracker is None:
+    not extend torch's classes, where the tracker's wrappers are not all there already; and
+    take ``device``'s answers (None: torch's own) into the probes."""
+    tracker, syncs = installation.tracker, installation.syncs
+    if tracker is None or syncs is None:
         return
+    tracker.probes = torch_probes().over(device)
     c_module = sys.modules["torch._C"]
     changes: list[tuple[Any, str, Callable[[Any], Any]]] = []
     if "_cuda_synchronize" in vars(c_module):
-        changes.append((c_module, "_cuda_synchronize", tracker.make_device_sync))
-    hooks = _class_hooks(tracker)
+        changes.append((c_module, "_cuda_synchronize", syncs.make_device_sync))
+    hooks = _class_hooks(tracker, syncs)
     changes += [(cls, name, make) for kind, cls in _standins() for name, make in hooks[kind]]
     wanted = [describe(owner, name) for owner, name, _ in changes]
-    # Where CUDAGraph.replay lands, for watchers of replays (Installation.watch).
+    # Where CUDAGraph.replay lands, for watchers of replays (Installation.set_watchers).
     installation.replay_targets = [
         (real_class(importlib.import_module("torch.cuda.graphs").CUDAGraph), "replay"),
         *((cls, "replay") for kind, cls in _standins() if kind == "CUDAGraph"),

@@ -4,7 +4,7 @@ skipped cudagraphs counted by reason and site.
 A ``Census`` keeps one aggregate per site (the user's frame, as violations are sited), not one
 record per capture, so a process with a hundred thousand captures at one place keeps one entry.
 It belongs to the run (cgguard._data.ledger.Run): kept across reconfiguration, and started afresh in
-a forked child. ``CensusWatcher`` is what the capture path tells (cgguard._core.watch). A plain
+a forked child. ``CensusWatcher`` is what the capture path tells (cgguard._core.watcher). A plain
 capture (unmeasured, its replays not counted) costs the capture path one list appended to its
 site's ``pending`` list at its begin, and the clock added to it at its end; the counting is
 done a batch at a time, in C where it can be, by whoever reads the census. A capture on a
@@ -45,7 +45,7 @@ Kind = tuple[str, str, str, str, "str | None"]
 # them, ``pool`` as capture_begin was given it (None: the graph's own), made into its Kind only
 # when it is counted, a batch at a time, where a column of one value is found by identity
 # alone. A list, so that the capture path adds the clock at its end to its first item
-# (cgguard._core.watch.Watcher), without a lock or a call: ``seconds`` is minus the clock at its
+# (cgguard._core.watcher.Watcher), without a lock or a call: ``seconds`` is minus the clock at its
 # begin until then, so negative while it is under way (perf_counter() reads above 0), and its
 # seconds once it has ended. It is UNDER_WAY from the moment the entry is in its list: a fold
 # may read it before the clock is.

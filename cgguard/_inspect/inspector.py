@@ -38,10 +38,11 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, cast
 
-from cgguard._core.watch import GRAPH_NOTES, Watcher
+from cgguard._core.probes import NO_TORCH
+from cgguard._core.watcher import GRAPH_NOTES, Watcher
 from cgguard._errors import hidden_by_pytest
 from cgguard._inspect import liveness as _liveness
-from cgguard._inspect.sync_ops import SYNC_OPS, every_tensor, syncs
+from cgguard._inspect.sync_ops import SYNC_OPS, syncs
 from cgguard._rules.record import BEGAN_AT, ENDED, FAILED, MODE, THREAD
 from cgguard._support.frames import Stack, resolve, site_of, stack_above
 from cgguard._support.warn import warn_once
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from cgguard._core.installation import Installation
+    from cgguard._core.probes import Probes
     from cgguard._data.schema import ViolationEvent
     from cgguard._errors import CaptureViolation
     from cgguard._inspect.sync_ops import SyncOp
@@ -58,10 +60,6 @@ if TYPE_CHECKING:
 
 # The traceback of a refused op ends at the user's line (cgguard._errors.hidden_by_pytest).
 __tracebackhide__ = hidden_by_pytest
-
-# The simulated CUDA runtime while it is in place (cgguard.testing sets it): CPU tensors then
-# stand for device tensors, and an implicit synchronize let through fails as CUDA fails it.
-simulation: Any = None
 
 # Where a graph captured under inspection keeps its external inputs
 # (cgguard._inspect.liveness.Inputs): on the graph itself, so they go with it, and a replay
@@ -199,9 +197,12 @@ class Watch:
         # The thread itself, not its id: an id is reused once its thread has ended.
         self.thread = threading.current_thread()
         self.mode: Any = None
-        # What stands for a device tensor: any tensor on the simulation, a CUDA tensor on CUDA.
-        self.every_tensor = simulation is not None
-        self.on_device: Callable[[Any], bool] = every_tensor if simulation else _is_cuda
+        # What stands for a device tensor, as the probes say: a CUDA tensor, or any tensor
+        # where a runtime standing in for CUDA's keeps device memory on the host.
+        probes = inspector.probes()
+        self.every_tensor = probes.every_tensor
+        self.on_device = probes.on_device
+        self.waited = probes.waited
 
     def enter(self) -> None:
         inspections = self.inspector.inspections
@@ -249,18 +250,9 @@ class Watch:
             return
         if error is not None:
             raise error
-        sim = simulation
-        if sim is not None:
-            # Let through: CUDA would fail the op and invalidate the capture; so does the
-            # simulation, since the CPU op it runs would succeed.
-            sim.implicit_sync(name)
-
-
-def _is_cuda(value: Any) -> bool:
-    """Whether ``value`` is a strided CUDA tensor: an op's argument may be anything (a bool, a
-    list), and a sparse tensor has no storage of its own to copy or index."""
-    torch = sys.modules["torch"]
-    return isinstance(value, torch.Tensor) and value.is_cuda and value.layout == torch.strided
+        # Let through: CUDA fails the op and invalidates the capture, and a runtime standing in
+        # for CUDA's, whose host op would succeed, is told so that it fails it as CUDA does.
+        self.waited(name)
 
 
 @functools.cache
@@ -417,11 +409,11 @@ class Inspector(Watcher):
         self.first = first  # inspect only the first N captures of each site; None: all
         self.sites: dict[int, tuple[object, int]] = {}  # id(code) -> (code, captures seen)
 
-    # The capture path's calls (cgguard._core.watch).
+    # The capture path's calls (cgguard._core.watcher).
 
     def opening(self, graph: Any, record: Record, args: tuple[Any, ...], kwargs: Any) -> Any:
         # What an earlier capture into this graph read is gone already
-        # (cgguard._core.watch.forget_graph, at every capture_begin, inspected or not).
+        # (cgguard._core.watcher.forget_graph, at every capture_begin, inspected or not).
         if self.first is not None and not self._counts(record):
             return None
         watch = Watch(self, graph, record, live=not _torch_tracks(args, kwargs))
@@ -483,10 +475,14 @@ class Inspector(Watcher):
         reporter = self.installation.reporter  # read once: a reconfiguration swaps it whole
         return reporter.violated([(rule, record)], api, stack, refuse=True, why=why, more=more)
 
-    def probe_capturing(self) -> bool:
+    def probes(self) -> Probes:
+        """What the capture path asks torch and the device, as in effect now."""
         tracker = self.installation.tracker
+        return tracker.probes if tracker is not None else NO_TORCH
+
+    def probe_capturing(self) -> bool:
         try:
-            return tracker is None or tracker.probes.is_capturing()
+            return self.installation.tracker is None or self.probes().is_capturing()
         except Exception:
             return True
 
@@ -530,7 +526,8 @@ class Inspector(Watcher):
         its later replays cost the one test, not a walk and a report each."""
         error = None
         try:
-            dead = [(i, how) for i, how in inputs.dead() if not _in_pool(graph, i, how)]
+            allocator = self.probes().allocator
+            dead = [(i, how) for i, how in inputs.dead() if not _in_pool(graph, i, how, allocator)]
             for item, how in dead:
                 if how == "freed":
                     why = (
@@ -618,7 +615,8 @@ def _seeds_set(
         seed = int(args[0] if args else kwargs["seed"]) & 0xFFFF_FFFF_FFFF_FFFF
         if name == "manual_seed":
             return [(torch.cuda.current_device(), seed)]
-        # No device counted (the simulation): device 0's, whose seed is then not known.
+        # No device counted (a runtime standing in for CUDA's): device 0's, whose seed is then
+        # not known.
         return [(index, seed) for index in range(count or 1)]
     if name == "set_rng_state":
         state = args[0] if args else kwargs["new_state"]
@@ -667,13 +665,13 @@ def _broken(error: BaseException) -> bool:
     return any(words in text for words in _BROKEN)
 
 
-def _in_pool(graph: Any, item: _liveness.Input, how: str) -> bool:
+def _in_pool(graph: Any, item: _liveness.Input, how: str, allocator: bool) -> bool:
     """Whether a freed input's memory was the graph's own: an allocation its capture made
     below the dispatcher (inside compiled code, say), which the pool keeps for replays.
 
     Asked of the caching allocator on CUDA only, on the slow path; a block found is forgotten.
     """
-    if how != "freed" or simulation is not None:
+    if how != "freed" or not allocator:
         return False
     try:
         import torch

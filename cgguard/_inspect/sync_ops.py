@@ -106,17 +106,19 @@ def _host_scalar(value: Any, on_device: OnDevice) -> bool:
     try:
         if value is None or value.numel() != 1:
             return False
-        if on_device is every_tensor:
-            # The simulation: every tensor stands for a device tensor, so the Python number
-            # that `x[mask] = 0.0` wraps (a 0-dim host tensor on CUDA too) is told by its shape.
+        if on_device is any_tensor:
+            # Device memory on the host: every tensor stands for a device tensor, so the Python
+            # number that `x[mask] = 0.0` wraps (a 0-dim host tensor on CUDA too) is told by its
+            # shape.
             return bool(value.dim() == 0)
         return not on_device(value)
     except Exception:
         return False
 
 
-def every_tensor(value: Any) -> bool:
-    """What stands for a device tensor on the simulation: any tensor (told by duck type)."""
+def any_tensor(value: Any) -> bool:
+    """What stands for a device tensor where a runtime standing in for CUDA's keeps device
+    memory on the host: any tensor (told by duck type)."""
     return hasattr(value, "untyped_storage")
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, cast
 
 from cgguard._data.ledger import worth_logging
 from cgguard._reporting import events as _events
-from cgguard._rules.record import API, BEGAN_AT, MODE, THREAD, Disabler
+from cgguard._rules.record import API, BEGAN_AT, MODE, QUERIES, THREAD, Disabler
 from cgguard._rules.table import BLAMES_FLAG, BLAMES_THREAD, RULES, Cause
 from cgguard._support.frames import Stack
 from cgguard._support.threads import this_thread
@@ -40,9 +40,6 @@ if TYPE_CHECKING:
 
     Acting = list[tuple[str, "Record | Disabler | None", Action]]
 
-# torch's CUDAEvent::elapsed_time queries both events (cudaEventQuery) before it measures: the
-# APIs whose violation is a query, not a synchronize.
-QUERIES = ("Stream.query", "Event.query", "Event.elapsed_time")
 
 # How long a reconfiguration waits for violations in flight through the old reporter before it
 # leaves the closing of the old log and report to the last of them.

@@ -43,3 +43,21 @@ FAILED: Final = "failed"  # torch's capture_begin or capture_end raised
 REFUSED: Final = "refused"  # a rule refused it: it never began
 ABANDONED: Final = "abandoned"  # its thread ended, or a test runner let go of it, mid-capture
 OUTCOMES: Final = (ENDED, FAILED, REFUSED, ABANDONED)
+
+# The entry points a record or a violation names, as cgguard reports them.
+API_GRAPH: Final = "torch.cuda.graph"
+API_CAPTURE_BEGIN: Final = "CUDAGraph.capture_begin"
+API_ACCELERATOR_GRAPH: Final = "torch.accelerator.Graph"
+API_ACCELERATOR_CAPTURE_BEGIN: Final = "Graph.capture_begin"
+API_SYNCHRONIZE: Final = "torch.cuda.synchronize"
+API_ACCELERATOR_SYNCHRONIZE: Final = "torch.accelerator.synchronize"
+API_STREAM_SYNCHRONIZE: Final = "Stream.synchronize"
+API_STREAM_QUERY: Final = "Stream.query"
+API_EVENT_SYNCHRONIZE: Final = "Event.synchronize"
+API_EVENT_QUERY: Final = "Event.query"
+API_EVENT_ELAPSED_TIME: Final = "Event.elapsed_time"
+# torch's CUDAEvent::elapsed_time queries both events (cudaEventQuery) before it measures: the
+# APIs whose violation is a query, not a synchronize.
+QUERIES: Final = (API_STREAM_QUERY, API_EVENT_QUERY, API_EVENT_ELAPSED_TIME)
+EVENT_CALLS: Final = (API_EVENT_SYNCHRONIZE, API_EVENT_QUERY, API_EVENT_ELAPSED_TIME)
+STREAM_CALLS: Final = (API_STREAM_SYNCHRONIZE, API_STREAM_QUERY)

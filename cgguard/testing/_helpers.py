@@ -28,7 +28,7 @@ def simulated_cuda(*, force: bool = False) -> Iterator[SimulatedCuda]:
     # cgguard lets go of what the simulation is about to replace (torch's own synchronize on a
     # CUDA build, the simulated one on the way out) and takes up what replaced it.
     with simulated_runtime(
-        force=force, unhook=_install.release_device_sync, rehook=_install.refresh_device_sync
+        force=force, unhook=_install.torch_changing, rehook=_install.torch_changed
     ) as runtime:
         yield runtime
 

@@ -10,8 +10,9 @@ import threading
 import warnings
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from cgguard._core.probes import Device
 from cgguard._errors import CgguardError
-from cgguard._inspect import inspector as _inspect
+from cgguard._inspect.sync_ops import any_tensor
 from cgguard._support.patchset import PatchSet
 
 if TYPE_CHECKING:
@@ -187,6 +188,14 @@ class SimulatedCuda:
     def _note(self, name: str, *args: object) -> None:
         with self._lock:
             self._note_locked(name, *args)
+
+    def device(self) -> Device:
+        """What this runtime says where torch cannot, for cgguard's inspection: CPU tensors
+        stand for device tensors, an implicit synchronize let through fails the capture as
+        CUDA fails it, and torch's caching allocator knows none of its memory."""
+        return Device(
+            on_device=any_tensor, every_tensor=True, waited=self.implicit_sync, allocator=False
+        )
 
     def implicit_sync(self, op: str) -> None:
         """An op that waits for the device (cgguard._inspect.sync_ops) on a tensor that stands for a
@@ -865,6 +874,10 @@ def _nothing() -> None:
     """No hooks to move."""
 
 
+def _told(device: Device | None) -> None:
+    """No hooks to move, and nobody to tell of the device."""
+
+
 def active() -> SimulatedCuda | None:
     """The simulated runtime in place now, if any."""
     return _ACTIVE
@@ -875,7 +888,7 @@ def simulated_runtime(
     *,
     force: bool = False,
     unhook: Callable[[], None] = _nothing,
-    rehook: Callable[[], None] = _nothing,
+    rehook: Callable[[Device | None], None] = _told,
 ) -> Iterator[SimulatedCuda]:
     """Run torch's CUDA-graph code over cgguard's simulated CUDA runtime (no GPU).
 
@@ -917,21 +930,20 @@ def simulated_runtime(
             )
         sim = SimulatedCuda()
         unhook()
+        device = None
         try:
             patches = _install(torch)
+            device = sim.device()
         finally:
-            rehook()
+            rehook(device)
         _ACTIVE = sim
-        # CPU tensors stand for device tensors in the inspection's eyes while this is in place.
-        _inspect.simulation = sim
     try:
         yield sim
     finally:
         with _ACTIVATION_LOCK:
             _ACTIVE = None
-            _inspect.simulation = None
             unhook()
             try:
                 patches.restore()
             finally:
-                rehook()
+                rehook(None)
