@@ -42,10 +42,9 @@ if TYPE_CHECKING:
 def real_class(cls: type) -> type:
     """``cls``, or the torch class that a stand-in for it extends or names.
 
-    cgguard's hooks belong on torch's own classes, whatever stands in torch.cuda's namespace.
-    The simulated runtime's stand-ins extend torch's classes on CPU-only builds; on CUDA builds
-    they cannot (torch's are C types that need a driver) and name theirs as
-    ``_cgguard_stands_for``.
+    cgguard's hooks belong on torch's own classes, whatever stands in torch.cuda's namespace. A
+    stand-in extends torch's class where it can (on CPU-only builds); where it cannot (on CUDA
+    builds torch's are C types that need a driver) it names it as ``_cgguard_stands_for``.
     """
     for klass in cls.__mro__:
         if klass.__module__.split(".")[0] == "torch":
@@ -169,7 +168,7 @@ def _memory_probe(cuda: ModuleType) -> Callable[[], tuple[int, int, int] | None]
     One call of torch's statistics (``torch._C._cuda_memoryStats``, what
     ``memory_stats_as_nested_dict`` returns): ``memory_reserved()`` and ``memory_allocated()``
     each build and flatten the whole dict. No synchronize: the allocator's counts are the host's
-    own bookkeeping. Nothing while CUDA is not initialised: the simulated runtime never is.
+    own bookkeeping. Nothing while CUDA is not initialised, as where a runtime stands in for it.
     """
     c_module = sys.modules["torch._C"]
     stats = getattr(c_module, "_cuda_memoryStats", None)

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from cgguard._support.frames import FrameInfo
 
     # What the allocator says of the current device: (its index, reserved bytes, allocated
-    # bytes); None where there is no allocator to ask (the simulated runtime, a CPU build).
+    # bytes); None where there is no allocator to ask (a CPU build, CUDA not initialised).
     Memory = tuple[int, int, int]
 
 # A capture as the census counts it: (api, mode, thread name, pool, device or None).
@@ -430,7 +430,7 @@ def entry(top: FrameInfo | None, values: dict[str, Any], *, replays: bool) -> Ca
     by: list[dict[str, int]] = [{}, {}, {}, {}, {}]
     for kind, count in kinds.items():
         for i, value in enumerate(kind):
-            if value:  # a refused capture has no pool, a simulated one no device
+            if value:  # a refused capture has no pool, one off a device no device
                 by[i][value] = by[i].get(value, 0) + count
     result: dict[str, object] = {
         "file": top["file"] if top else None,

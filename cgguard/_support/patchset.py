@@ -1,5 +1,5 @@
 """One way to replace attributes and to put them back exactly: torch's entry points, torch's
-device synchronize, followed flags' setters and the simulated CUDA runtime all use it."""
+device synchronize, followed flags' setters, window functions and cgguard.testing all use it."""
 
 from __future__ import annotations
 
