@@ -430,7 +430,7 @@ def entry(top: FrameInfo | None, values: dict[str, Any], *, replays: bool) -> Ca
     by: list[dict[str, int]] = [{}, {}, {}, {}, {}]
     for kind, count in kinds.items():
         for i, value in enumerate(kind):
-            if value:  # a refused capture has no pool, one off a device no device
+            if value:  # a refused capture has no pool, and one never measured no device
                 by[i][value] = by[i].get(value, 0) + count
     result: dict[str, object] = {
         "file": top["file"] if top else None,
