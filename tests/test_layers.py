@@ -155,3 +155,19 @@ def test_a_planted_upward_import_is_found(
     statement = next(line for line in planted.splitlines() if "import" in line)
     line = text.splitlines().index(statement) + 1
     assert upward_imports(copy) == [f"cgguard/{into}:{line}: {expected}"]
+
+
+# A class past this many lines has grown more than one idea: split it at its seams.
+LONGEST_CLASS = 350
+
+
+def test_no_class_grows_past_its_bound() -> None:
+    """Every class of the package is at most LONGEST_CLASS lines, docstrings and comments in."""
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                lines = node.end_lineno - node.lineno + 1
+                if lines > LONGEST_CLASS:
+                    long.append(f"{path.relative_to(PACKAGE.parent)}: {node.name}, {lines} lines")
+    assert long == []
