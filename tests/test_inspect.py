@@ -23,6 +23,7 @@ from cgguard import _process
 from cgguard._core import patches as _patches
 from cgguard._inspect import inspector as _inspect
 from cgguard._inspect import liveness as _liveness
+from cgguard._inspect import rng as _rng
 from cgguard._inspect.sync_ops import SYNC_OPS, syncs
 from cgguard.testing import capture_violations, simulated_cuda
 from cgguard.testing._simcuda import SimulatedCudaError
@@ -347,11 +348,11 @@ def test_only_the_rng_calls_torch_refuses_in_a_capture_are_refused(
 ) -> None:
     """From torch 2.10 a capture may read the RNG state and set it with an unchanged seed;
     before, torch refuses every call; seed() is always refused."""
-    monkeypatch.setattr(_inspect, "_torch_version", lambda: version)
-    monkeypatch.setattr(_inspect, "current_seed", lambda index: 7)
+    monkeypatch.setattr(_rng, "_torch_version", lambda: version)
+    monkeypatch.setattr(_rng, "current_seed", lambda index: 7)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    assert _inspect.rng_refused(name, args, {}) is (expected if version >= (2, 10) else True)
+    assert _rng.rng_refused(name, args, {}) is (expected if version >= (2, 10) else True)
 
 
 @pytest.mark.simulated
@@ -361,8 +362,8 @@ def test_an_unchanged_seed_set_during_a_capture_passes(
     """torch.cuda.manual_seed with the seed the generator already has is a no-op torch allows
     during a capture (torch 2.10 and later): it is not reported."""
     cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
-    monkeypatch.setattr(_inspect, "_torch_version", lambda: (2, 13))
-    monkeypatch.setattr(_inspect, "current_seed", lambda index: 7)
+    monkeypatch.setattr(_rng, "_torch_version", lambda: (2, 13))
+    monkeypatch.setattr(_rng, "current_seed", lambda index: 7)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     with capture_violations() as events, torch.cuda.graph(torch.cuda.CUDAGraph()):
         torch.cuda.manual_seed(7)
@@ -955,7 +956,7 @@ def test_an_op_from_a_thread_with_no_python_frames_is_inspected(
     cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
     x = torch.arange(3.0)
     with torch.cuda.graph(torch.cuda.CUDAGraph()):
-        watch = _process.PROCESS.inspections.watches()[-1]
+        watch = _process.PROCESS.inspections.captures()[-1]
         assert watch.inputs is not None
         seen = watch.inputs.seen
         # functools.partial is no Python frame: the mode's own is the thread's first.

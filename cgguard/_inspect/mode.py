@@ -1,0 +1,181 @@
+"""The dispatch mode that watches an inspected capture op by op, and its place at the bottom of
+the capturing thread's dispatch-mode stack, below the program's own modes.
+
+The mode goes on and off without ``TorchDispatchMode.__enter__``/``__exit__``: torch's
+``__exit__`` pops whatever mode is on top, and each mode's ``__enter__`` saves and ``__exit__``
+restores torch's process-wide "in a mode" flags in stack order. Kept out of both, the program's
+modes push, pop and flag exactly as they would without cgguard, however they nest around the
+capture.
+
+The mode says ``ignore_compile_internals()``: torch 2.13's dynamo runs a compiled function
+eagerly while any other dispatch mode is on the stack (torch/_dynamo/convert_frame.py,
+``any_torch_dispatch_mode_on_stack``), which would change what is captured. Compiled code
+stays compiled, and the mode does not see the ops inside it (docs/inspection.md).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, Protocol
+
+from cgguard._inspect.sync_ops import SYNC_OPS
+from cgguard._support.warn import warn_once
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from cgguard._inspect.liveness import Inputs
+    from cgguard._inspect.sync_ops import SyncOp
+
+
+class Watched(Protocol):
+    """What the mode tells of each op: the inspected capture it watches for
+    (cgguard._inspect.inspector)."""
+
+    on: bool  # false once the capture is over: the mode only forwards
+    inputs: Inputs | None  # the capture's external inputs, where cgguard tracks them
+    every_tensor: bool  # every tensor stands for a device tensor
+
+    def synchronizing(
+        self, op: SyncOp, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> None: ...
+
+
+@functools.cache
+def mode_type() -> type:
+    """The dispatch mode's class, made once torch is imported (cgguard never imports it)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    tensor = torch.Tensor
+    # torch.tensor(...) inside the capture: its value is made below the dispatcher, then lifted.
+    lift_fresh = torch.ops.aten.lift_fresh.default
+    unknown = object()
+    # Each op's table entry, found once per OpOverload: then one dictionary look-up per op.
+    known: dict[Any, SyncOp | None] = {}
+
+    class InspectionMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's
+        """Forwards every op; tells the capture it watches for before and after."""
+
+        supports_higher_order_operators = True
+
+        def __init__(self, capture: Watched) -> None:
+            super().__init__()  # type: ignore[no-untyped-call]  # torch's own, untyped
+            self.capture = capture
+
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            # Compiled code runs compiled under this mode (torch 2.13 and later; earlier
+            # releases never ask): see the module's docstring.
+            return True
+
+        def __torch_dispatch__(  # noqa: PLR0912 - the hot path, inlined on purpose
+            self,
+            func: Any,
+            types: Any,
+            args: tuple[Any, ...] = (),
+            kwargs: Mapping[str, Any] | None = None,
+        ) -> Any:
+            # The hot path of every op inside an inspected capture: inlined, no calls but
+            # torch's, one look-up per op and per tensor already seen.
+            capture = self.capture
+            if kwargs is None:
+                kwargs = {}
+            if not capture.on:
+                return func(*args, **kwargs)
+            op = known.get(func, unknown)
+            if op is not None:
+                if op is unknown:
+                    op = known[func] = _entry(func)
+                if op is not None:
+                    capture.synchronizing(op, func, args, kwargs)  # type: ignore[arg-type]
+            inputs = capture.inputs
+            if inputs is None:
+                return func(*args, **kwargs)
+            every, seen = capture.every_tensor, inputs.seen
+            if func is lift_fresh:
+                # A tensor the capture made (torch.tensor(2.0)): its own, not an input.
+                out = func(*args, **kwargs)
+                for value in (*args, out):
+                    if isinstance(value, tensor):
+                        try:
+                            inputs.made(value.untyped_storage().data_ptr())
+                        except Exception:  # noqa: S112 - no storage of its own: nothing to hold
+                            continue
+                return out
+            # out= tensors are read as inputs too: the graph writes where they live.
+            scanned = (*args, *kwargs.values()) if kwargs else args
+            try:
+                for arg in scanned:
+                    # A tensor, or a list or tuple of them (torch.cat's): one level deep.
+                    for item in arg if type(arg) is list or type(arg) is tuple else (arg,):
+                        if isinstance(item, tensor) and (every or item.is_cuda):
+                            try:
+                                storage = item.untyped_storage()
+                            except Exception:  # noqa: S112 - sparse: no storage to hold
+                                continue
+                            address = storage.data_ptr()
+                            if address and address not in seen:
+                                inputs.read(storage, address, item)
+            except Exception as exc:
+                warn_once("inspect:read", f"internal error while inspecting an op: {exc!r}")
+            out = func(*args, **kwargs)
+            try:
+                for value in out if type(out) is tuple or type(out) is list else (out,):
+                    if isinstance(value, tensor) and (every or value.is_cuda):
+                        try:
+                            address = value.untyped_storage().data_ptr()
+                        except Exception:  # noqa: S112 - sparse: no storage to hold
+                            continue
+                        if address and address not in seen:
+                            seen[address] = None  # the capture's own allocation
+            except Exception as exc:
+                warn_once("inspect:made", f"internal error while inspecting an op: {exc!r}")
+            return out
+
+    return InspectionMode
+
+
+def _entry(func: Any) -> SyncOp | None:
+    try:
+        return SYNC_OPS.get(str(func._schema.name))
+    except Exception:
+        return None
+
+
+def push_below(mode: Any) -> None:
+    """Put ``mode`` at the bottom of this thread's dispatch-mode stack, the program's modes back
+    above it in their order, without torch's __enter__ (see the module's docstring)."""
+    from torch._C import (
+        _len_torch_dispatch_stack,
+        _pop_torch_dispatch_stack,
+        _push_on_torch_dispatch_stack,
+    )
+    from torch.utils._python_dispatch import _push_mode
+
+    above = [_pop_torch_dispatch_stack(None) for _ in range(_len_torch_dispatch_stack())]
+    try:
+        _push_on_torch_dispatch_stack(mode)
+    finally:
+        for other in reversed(above):
+            _push_mode(other)
+
+
+def remove_mode(mode: Any) -> None:
+    """Take ``mode`` off this thread's dispatch-mode stack, wherever it is on it, and put the
+    modes above it back in their order; torch's "in a mode" flags are left as they are."""
+    try:
+        from torch._C import _len_torch_dispatch_stack, _pop_torch_dispatch_stack
+        from torch.utils._python_dispatch import _push_mode
+
+        above = []
+        for _ in range(_len_torch_dispatch_stack()):
+            top = _pop_torch_dispatch_stack(None)
+            if top is mode:
+                break
+            above.append(top)
+        # Put back, found or not (a forked child's stack may not hold it).
+        for other in reversed(above):
+            _push_mode(other)
+    except Exception as exc:
+        warn_once("inspect:leave", f"internal error while ending an inspection: {exc!r}")
