@@ -80,7 +80,7 @@ class SameProcess(TypedDict):
     reports: list[str]
 
 
-class Site:
+class JobRuleSite:
     """One rule at one place in the code, across the job: its count, each process's (in the
     order read, merged and sorted by finish()), and the earliest first event."""
 
@@ -121,8 +121,8 @@ class Merged:
 
     def __init__(self) -> None:
         self.processes: list[Process] = []
-        self.violations: list[Site] = []
-        self.exempted: list[Site] = []
+        self.violations: list[JobRuleSite] = []
+        self.exempted: list[JobRuleSite] = []
         self.totals: dict[str, int] = {}
         self.exempted_totals: dict[str, int] = {}
         self.hosts: list[str | None] = []
@@ -376,8 +376,8 @@ def merge(reports: Iterable[tuple[str, dict[str, Any]]], skipped: Sequence[Skipp
     many reports is held in memory a report at a time.
     """
     merged = Merged()
-    sites: dict[tuple[object, ...], Site] = {}
-    exempted: dict[tuple[object, ...], Site] = {}
+    sites: dict[tuple[object, ...], JobRuleSite] = {}
+    exempted: dict[tuple[object, ...], JobRuleSite] = {}
     for path, document in reports:
         process = _process(path, document)
         merged.processes.append(process)
@@ -389,7 +389,7 @@ def merge(reports: Iterable[tuple[str, dict[str, Any]]], skipped: Sequence[Skipp
             key = (violation["rule"], *_place(top))
             site = sites.get(key)
             if site is None:
-                site = sites[key] = Site(violation["rule"], top, first, None)
+                site = sites[key] = JobRuleSite(violation["rule"], top, first, None)
             site.add(process, violation["count"], first)
         for entry in document.get("exempted", ()):
             stack = entry["first"]["stack"]
@@ -397,7 +397,9 @@ def merge(reports: Iterable[tuple[str, dict[str, Any]]], skipped: Sequence[Skipp
             key = (entry["rule"], entry["exemption"], *_place(top))
             site = exempted.get(key)
             if site is None:
-                site = exempted[key] = Site(entry["rule"], top, entry["first"], entry["exemption"])
+                site = exempted[key] = JobRuleSite(
+                    entry["rule"], top, entry["first"], entry["exemption"]
+                )
             site.add(process, entry["count"], entry["first"])
         merged.census.add(
             process["host"],
@@ -500,7 +502,7 @@ def _rule_order(rule: str) -> tuple[int, str]:
     return _RULE_ORDER.get(rule) or (len(NAMES), rule)
 
 
-def _site_order(site: Site) -> tuple[object, ...]:
+def _site_order(site: JobRuleSite) -> tuple[object, ...]:
     top = site.top
     return (
         -site.count,
@@ -537,7 +539,7 @@ def _who(process: Process) -> str:
     return " ".join(parts)
 
 
-def _hits(site: Site) -> str:
+def _hits(site: JobRuleSite) -> str:
     return ", ".join(f"{_who(process)} ({count})" for process, count in site.hits)
 
 
@@ -585,7 +587,7 @@ def _merged_what(merged: Merged) -> list[str]:
     return lines
 
 
-def _exempted_line(site: Site) -> str:
+def _exempted_line(site: JobRuleSite) -> str:
     return (
         f"{shown(site.rule)} at {_site_line(site.top)}: {site.count} exempted by "
         f"{shown(site.exemption)}, in {_hits(site)}"

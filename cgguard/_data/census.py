@@ -20,13 +20,13 @@ import weakref
 from collections import Counter
 from typing import TYPE_CHECKING, Any, cast
 
+from cgguard._data.site import Site
 from cgguard._rules.record import (
     ABANDONED,
     ENDED,
     OUTCOMES,
     REFUSED,
 )
-from cgguard._support.frames import frame_at
 
 if TYPE_CHECKING:
     from types import CodeType
@@ -65,22 +65,19 @@ EXAMPLE_MAX = 2000
 SKIP_PREFIX = "skipping cudagraphs due to "
 
 
-class CaptureSite:
+class CaptureSite(Site):
     """What the captures begun at one place came to."""
 
     __slots__ = (
-        "_top",
         "built",
         "bytes_allocated",
         "bytes_reserved",
-        "code",
         "count",
         "entry",
         "errors",
         "graphs_replayed",
         "graphs_tracked",
         "kinds",
-        "lasti",
         "max_seconds",
         "open",
         "outcomes",
@@ -91,9 +88,7 @@ class CaptureSite:
     )
 
     def __init__(self, code: CodeType | None, lasti: int) -> None:
-        self.code = code  # held: the key is its id()
-        self.lasti = lasti
-        self._top: list[FrameInfo | None] = []  # rendered once, when first asked
+        super().__init__(code, lasti)
         # The report's entry as last built, and the values it was built from: a report rewrite
         # takes it as it was while they hold (cgguard._reporting.report_file encodes it once).
         self.entry: CaptureEntry | None = None
@@ -120,23 +115,17 @@ class CaptureSite:
         self.graphs_tracked = 0
         self.graphs_replayed = 0
 
-    def frame(self) -> FrameInfo | None:
-        """The site's user frame, rendered once."""
-        if not self._top:
-            self._top.append(frame_at(self.code, self.lasti))
-        return self._top[0]
 
+class SkipSite(Site):
+    """The cudagraphs torch.compile skipped for one reason, at one place."""
 
-class _Skip:
-    __slots__ = ("code", "count", "example", "lasti", "reason", "top")
+    __slots__ = ("count", "example", "reason")
 
     def __init__(self, reason: str, example: str, code: CodeType | None, lasti: int) -> None:
+        super().__init__(code, lasti)
         self.reason = reason
-        self.example = example
-        self.code = code
-        self.lasti = lasti
+        self.example = example  # torch's whole message, once
         self.count = 0
-        self.top: list[FrameInfo | None] = []  # rendered once, when first asked
 
 
 class Census:
@@ -160,7 +149,7 @@ class Census:
         # By (id() of the code, instruction), holding the code: read without the lock by the
         # capture path, added to under it.
         self.sites_at: dict[tuple[int, int], CaptureSite] = {}
-        self._skips: dict[tuple[str, int, int], _Skip] = {}
+        self._skips: dict[tuple[str, int, int], SkipSite] = {}
         # The site of each graph captured while replays are counted, and whether it has been
         # replayed; weak, so an entry goes with its graph.
         self._graphs: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
@@ -273,7 +262,7 @@ class Census:
                 if len(self._skips) >= SKIPS_MAX:
                     return False
                 example = message.strip()[:EXAMPLE_MAX]
-                skip = self._skips[key] = _Skip(reason, example, code, lasti)
+                skip = self._skips[key] = SkipSite(reason, example, code, lasti)
             skip.count += 1
         return True
 
@@ -315,9 +304,7 @@ class Census:
             skips = [(s, s.count) for s in self._skips.values()]
         out: list[SkipEntry] = []
         for skip, count in skips:
-            if not skip.top:
-                skip.top.append(frame_at(skip.code, skip.lasti))
-            top = skip.top[0]
+            top = skip.frame()
             out.append(
                 {
                     "reason": skip.reason,

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from cgguard._data.schema import CaptureEntry, SkipEntry, SlowestProcess
 
 _SUMMED = ("outcomes", "errors", "apis", "modes", "threads", "pools")
-Place = tuple[Any, Any, Any]
+# A site across reports: (file, line, function), as each report renders its frame.
+Where = tuple[Any, Any, Any]
 
 
 class _Process:
@@ -39,8 +40,8 @@ class _Process:
         return " ".join(parts)
 
 
-class _Site:
-    """One capture site across the job."""
+class JobCaptureSite:
+    """One capture site across a job's reports: its entry summed, and its slowest process."""
 
     __slots__ = ("entry", "processes", "slowest")
 
@@ -54,7 +55,7 @@ class CensusMerge:
     """The job's census, merged a report at a time."""
 
     def __init__(self) -> None:
-        self.sites: dict[Place, _Site] = {}
+        self.sites: dict[Where, JobCaptureSite] = {}
         self.skips: dict[tuple[Any, ...], dict[str, Any]] = {}
         self.processes: list[_Process] = []
         self.replays = False  # whether any report counted replays
@@ -69,7 +70,7 @@ class CensusMerge:
     ) -> None:
         """One process's census sections (empty for a report without them)."""
         process = _Process(host, pid, rank)
-        mine: dict[Place, dict[str, Any]] = {}
+        mine: dict[Where, dict[str, Any]] = {}
         for captured in captures:
             entry: Mapping[str, Any] = captured
             place = (entry["file"], entry["line"], entry["function"])
@@ -94,7 +95,7 @@ class CensusMerge:
             self.replays = self.replays or "replays" in entry
             site = self.sites.get(place)
             if site is None:
-                site = self.sites[place] = _Site(_copy(entry))
+                site = self.sites[place] = JobCaptureSite(_copy(entry))
             else:
                 _add(site.entry, entry)
             site.processes += 1

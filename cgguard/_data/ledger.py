@@ -11,23 +11,22 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from cgguard._data.census import Census
-from cgguard._support.frames import frame_at
+from cgguard._data.site import Site
 
 if TYPE_CHECKING:
     from types import CodeType
 
     from cgguard._data.schema import ExemptedEvent, ViolationEvent
-    from cgguard._support.frames import FrameInfo
 
 
-class Site:
+class RuleSite(Site):
     """One rule at one place, and what came of it there: its count, and its first full event.
 
     A violation's site is (rule, place, action); an exempted capture's is (rule, place,
     exemption), its action "exempted".
     """
 
-    __slots__ = ("action", "api", "code", "count", "exemption", "first", "lasti", "rule")
+    __slots__ = ("action", "api", "count", "exemption", "first", "rule")
 
     def __init__(  # noqa: PLR0917 - made on the capturing thread: positional costs least
         self,
@@ -38,21 +37,16 @@ class Site:
         action: str,
         exemption: str | None = None,
     ) -> None:
-        self.rule = rule
-        # Where, as the capture path knows it: a repeat is reported from these, since the
+        # Where, as the capture path knows it: a repeat is reported from there, since the
         # first event may still be rendering on another thread.
-        self.code = code
-        self.lasti = lasti
+        super().__init__(code, lasti)
+        self.rule = rule
         self.api = api
         self.action = action
         self.exemption = exemption  # the exemption that let it through, as written
         self.count = 0
         # Filled in by whoever counted the first one here, once it has been rendered.
         self.first: ViolationEvent | ExemptedEvent | None = None
-
-    def frame(self) -> FrameInfo | None:
-        """The site's user frame, rendered."""
-        return frame_at(self.code, self.lasti)
 
 
 class Sites:
@@ -65,16 +59,16 @@ class Sites:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._sites: dict[tuple[object, ...], Site] = {}
+        self._sites: dict[tuple[object, ...], RuleSite] = {}
 
-    def _count(self, key: tuple[object, ...], *site_fields: Any) -> tuple[Site, int]:
-        """Count one at ``key``, making its site from ``site_fields`` (Site's own arguments)
+    def _count(self, key: tuple[object, ...], *site_fields: Any) -> tuple[RuleSite, int]:
+        """Count one at ``key``, making its site from ``site_fields`` (RuleSite's own arguments)
         the first time; return the site and this count (1: the first there, for the caller to
         fill in ``site.first``)."""
         with self._lock:
             site = self._sites.get(key)
             if site is None:
-                site = self._sites[key] = Site(*site_fields)
+                site = self._sites[key] = RuleSite(*site_fields)
             site.count += 1
             return site, site.count
 
@@ -82,7 +76,7 @@ class Sites:
         """How many sites have been seen."""
         return len(self._sites)
 
-    def sites(self) -> list[Site]:
+    def sites(self) -> list[RuleSite]:
         """Every site seen, in the order first seen."""
         with self._lock:
             return list(self._sites.values())
@@ -100,7 +94,7 @@ class Ledger(Sites):
 
     def count(
         self, rule: str, code: CodeType | None, lasti: int, api: str, action: str
-    ) -> tuple[Site, int]:
+    ) -> tuple[RuleSite, int]:
         """Count one violation of ``rule`` at (code, lasti); return its site and this count.
 
         A count of 1 tells the caller it is the first there, to fill in ``site.first``.
@@ -113,7 +107,7 @@ class Tally(Sites):
 
     def count(
         self, rule: str, code: CodeType | None, lasti: int, api: str, exemption: str
-    ) -> tuple[Site, int]:
+    ) -> tuple[RuleSite, int]:
         """Count one exempted capture; return its site and this count (1: the first there)."""
         key = (rule, id(code), lasti, exemption)
         return self._count(key, rule, code, lasti, api, "exempted", exemption)

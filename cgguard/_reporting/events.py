@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from cgguard._config.config import Config
     from cgguard._data.census import Census
-    from cgguard._data.ledger import Ledger, Site, Tally
+    from cgguard._data.ledger import Ledger, RuleSite, Tally
     from cgguard._data.schema import (
         CaptureEntry,
         CensusEvent,
@@ -126,7 +126,7 @@ def violation(
     return cast("ViolationEvent", event)
 
 
-def repeat(site: Site, count: int, top: FrameInfo | None) -> ViolationEvent:
+def repeat(site: RuleSite, count: int, top: FrameInfo | None) -> ViolationEvent:
     """A brief report of a repeat: the count and the site, no stacks."""
     event = _common(site.rule, site.api, site.action, count)
     event["message"] = f"repeated {count} times at {where([top] if top else [])}"
