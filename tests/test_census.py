@@ -448,11 +448,12 @@ def path_without_torch(census: Census, probe: Any = None) -> tuple[Any, Any, Any
     tracker = Tracker(NO_TORCH, reporter, flag=CaptureFlag(), follows=[])
     tracker.set_watchers((CensusWatcher(census, replays=False, memory=lambda: probe),))
     end = tracker.make_capture_end(_Graph.capture_end)
+    hook = tracker.make_capture_begin(_Graph.capture_begin)
 
     def begin(graph: _Graph, *args: Any, **kwargs: Any) -> None:
-        tracker.capture_begin(graph.capture_begin, graph, args, kwargs)
+        hook(graph, *args, **kwargs)
 
-    return begin, end, tracker.capture_begin
+    return begin, end, hook
 
 
 def waiting(census: Census) -> int:
@@ -514,9 +515,9 @@ def test_two_lines_of_one_function_are_two_sites() -> None:
     _, end, hook = path_without_torch(census)
     graph = _Graph()
     for _ in range(3):
-        hook(graph.capture_begin, graph, (), {})  # @first
+        hook(graph)  # @first
         end(graph)
-        hook(graph.capture_begin, graph, (), {})  # @second
+        hook(graph)  # @second
         end(graph)
     this_file = Path(__file__)
     assert sorted((e["line"], e["count"]) for e in census.captures()) == [
@@ -533,7 +534,7 @@ def test_captures_at_many_sites_keep_at_most_pending_max_waiting_in_all() -> Non
     graph = _Graph()
     # One function per site, as generated code has: each calls the capture_begin hook itself.
     source = "def at_site(hook, end, graph):\n    for _ in range(1024):\n"
-    source += "        hook(graph.capture_begin, graph, (), {})\n        end(graph)\n"
+    source += "        hook(graph)\n        end(graph)\n"
     for i in range(500):
         namespace: dict[str, Any] = {}
         exec(compile(source, f"/srv/generated_{i}.py", "exec"), namespace)  # noqa: S102

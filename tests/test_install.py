@@ -18,6 +18,7 @@ from helpers import SourceFile, patched_count, standin_hooks, torch_entry_points
 import cgguard
 from cgguard import _process
 from cgguard._core import patches as _patches
+from cgguard._core import tracker as _tracker
 from cgguard._gate.profiles import ProfileInfo
 from cgguard._gate.windows import WindowInfo
 from cgguard._install import CaptureInfo
@@ -174,13 +175,24 @@ def test_patches_go_on_the_real_class_under_simulation() -> None:
         standin = torch.cuda.CUDAGraph
         assert standin is not torch.cuda.graphs.CUDAGraph
         assert _patches.real_class(standin) is torch.cuda.graphs.CUDAGraph
-        assert isinstance(vars(torch.cuda.graphs.CUDAGraph)["capture_begin"], wrapt.FunctionWrapper)
-        hooked = isinstance(vars(standin).get("capture_begin"), wrapt.FunctionWrapper)
+        assert _patched(vars(torch.cuda.graphs.CUDAGraph)["capture_begin"])
+        hooked = _patched(vars(standin).get("capture_begin"))
         assert (hooked, issubclass(standin, torch.cuda.graphs.CUDAGraph)) == (
             CUDA_BUILT,
             not CUDA_BUILT,
         )
     assert "capture_begin" not in vars(standin)
+
+
+def _patched(method: object) -> bool:
+    """Whether ``method`` is cgguard's hook on a capture entry point: a function of the capture
+    path's (cgguard._core.tracker) standing for torch's, which it wraps."""
+    code = getattr(method, "__code__", None)
+    return (
+        code is not None
+        and code.co_filename == _tracker.__file__
+        and hasattr(method, "__wrapped__")
+    )
 
 
 def test_patch_failure_warns_and_leaves_torch_alone(
@@ -215,7 +227,9 @@ def test_install_before_torch_patches_on_import() -> None:
         cgguard.install(cgguard.Config(log_file=os.devnull))
         print("torch imported by install:", "torch" in sys.modules)
         import torch
-        print("patched:", type(vars(torch.cuda.graphs.graph)["__enter__"]).__name__)
+        hook = vars(torch.cuda.graphs.graph)["__enter__"]
+        ours = hook.__code__.co_filename.endswith("tracker.py")
+        print("patched:", ours, hook.__wrapped__.__qualname__)
         from cgguard.testing import _simcuda, active_simulation, simulated_cuda
         with simulated_cuda(), cgguard.capture_disabled():
             try:
@@ -225,7 +239,9 @@ def test_install_before_torch_patches_on_import() -> None:
         """
     )
     assert out == (
-        "torch imported by install: False\npatched: FunctionWrapper\nrefused: capture_disabled\n"
+        "torch imported by install: False\n"
+        "patched: True graph.__enter__\n"
+        "refused: capture_disabled\n"
     )
 
 

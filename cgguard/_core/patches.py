@@ -79,7 +79,7 @@ def _class_hooks(
     """The capture path's hooks on torch's CUDAGraph, Stream and Event classes, by class name."""
     return {
         "CUDAGraph": [
-            ("capture_begin", _wrapt(tracker.capture_begin)),
+            ("capture_begin", tracker.make_capture_begin),
             ("capture_end", tracker.make_capture_end),
         ],
         "Stream": [
@@ -119,7 +119,7 @@ def patch_torch(installation: Installation, device: Device | None = None) -> Non
     patches = installation.patches
     patches.apply(
         [
-            (graphs.graph, "__enter__", _wrapt(tracker.graph_enter)),
+            (graphs.graph, "__enter__", tracker.make_graph_enter),
             # The Python methods on the real classes: subclasses and bound methods land here.
             *(
                 (classes[kind], name, make)
@@ -219,11 +219,11 @@ def _accelerator_entry_points(
     graph_class = real_class(graph_class)
     c_module = sys.modules["torch._C"]
     points: list[tuple[Any, str, Callable[[Any], Any]]] = [
-        (graph_class, "__enter__", _wrapt(partial(tracker.graph_enter, api=API_ACCELERATOR_GRAPH))),
+        (graph_class, "__enter__", partial(tracker.make_graph_enter, api=API_ACCELERATOR_GRAPH)),
         (
             graph_class,
             "capture_begin",
-            _wrapt(partial(tracker.capture_begin, api=API_ACCELERATOR_CAPTURE_BEGIN)),
+            partial(tracker.make_capture_begin, api=API_ACCELERATOR_CAPTURE_BEGIN),
         ),
         (graph_class, "capture_end", tracker.make_capture_end),
     ]

@@ -93,14 +93,40 @@ class Tracker:
 
     # The hooks.
 
-    # Each hook is one Python call: torch.accelerator's are the same methods with their own
-    # ``api``, bound by functools.partial (cgguard._core.patches), so that they too find the user's
-    # frame one up.
+    # Each hook is a plain function calling one method, so that each finds the user's frame two
+    # up: torch.accelerator's are the same, made with their own ``api`` (cgguard._core.patches).
+
+    def make_graph_enter(self, original: Any, api: str = API_GRAPH) -> Any:
+        """torch.cuda.graph.__enter__, or torch.accelerator.Graph's, checked before torch's own.
+
+        A plain function, not a wrapt wrapper, as every hook on the capture path is: wrapt's
+        binding and call protocol cost about four Python calls, twice per capture. Put on the
+        class, a function binds as the method it replaces, so it covers subclasses as a wrapt
+        wrapper would.
+        """
+        graph_enter = self.graph_enter
+
+        @functools.wraps(original)
+        def enter(instance: Any, *args: Any, **kwargs: Any) -> Any:
+            return graph_enter(original, instance, args, kwargs, api)
+
+        return enter
+
+    def make_capture_begin(self, original: Any, api: str = API_CAPTURE_BEGIN) -> Any:
+        """CUDAGraph.capture_begin, or torch.accelerator.Graph's: as make_graph_enter."""
+        capture_begin = self.capture_begin
+
+        @functools.wraps(original)
+        def begin(instance: Any, *args: Any, **kwargs: Any) -> Any:
+            return capture_begin(original, instance, args, kwargs, api)
+
+        return begin
 
     def graph_enter(
-        self, wrapped: Any, instance: Any, args: Any, kwargs: Any, api: str = API_GRAPH
+        self, original: Any, instance: Any, args: Any, kwargs: Any, api: str = API_GRAPH
     ) -> Any:
-        """torch.cuda.graph.__enter__ (a wrapt wrapper), or torch.accelerator.Graph's."""
+        """A torch.cuda.graph (or torch.accelerator.Graph) entered: its capture checked, then
+        torch's ``original`` __enter__ run. Called by the hook, from the caller of __enter__."""
         if api is API_GRAPH:
             mode = instance.capture_error_mode
             graph = id(instance.cuda_graph)
@@ -116,7 +142,7 @@ class Tracker:
         # the current stream before capture_begin, and a refusal raised after that would leave
         # the thread on the capture stream for good, since __exit__ never runs.
         key = (get_ident(), graph)
-        stack = with_stack(sys._getframe(1))  # the caller of __enter__
+        stack = with_stack(sys._getframe(2))  # the caller of __enter__, beyond its hook
         if self.active or self.follows or not self.flag.enabled:
             checked = self.check(api, graph, mode, stack, stream)
         else:
@@ -128,15 +154,15 @@ class Tracker:
             # captures, since torch's own synchronize before capture_begin is no synchronize
             # during a capture; with it, the captures this one was checked against.
             self.entering[key] = checked
-            return wrapped(*args, **kwargs)
+            return original(instance, *args, **kwargs)
         finally:
             self.entering.pop(key, None)
 
     def capture_begin(
-        self, wrapped: Any, instance: Any, args: Any, kwargs: Any, api: str = API_CAPTURE_BEGIN
+        self, original: Any, instance: Any, args: Any, kwargs: Any, api: str = API_CAPTURE_BEGIN
     ) -> Any:
-        """CUDAGraph.capture_begin (a wrapt wrapper), or torch.accelerator.Graph's, whose mode
-        is the graph's."""
+        """A graph's capture_begin (a torch.accelerator.Graph's mode is the graph's): recorded,
+        its watchers told, then torch's ``original`` run. Called by the hook, as graph_enter."""
         graph = id(instance)
         entry = self.entering.pop((get_ident(), graph), None)
         if entry is None:
@@ -149,7 +175,7 @@ class Tracker:
                 if api is API_CAPTURE_BEGIN
                 else _accelerator_mode(instance)
             )
-            stack, stream = snapshot(1), self.probes.stream()
+            stack, stream = snapshot(2), self.probes.stream()  # beyond the hook
             if self.active or self.follows or not self.flag.enabled:
                 record = self.check(api, graph, mode, stack, stream)[0]
             else:  # check()'s first case, without the call, as in graph_enter
@@ -179,7 +205,7 @@ class Tracker:
             # Recorded first: an interrupt right after torch began the capture must not leave
             # it unknown, and a later nested capture unrefused.
             active[graph] = record
-            result = wrapped(*args, **kwargs)
+            result = original(instance, *args, **kwargs)
         except BaseException as exc:
             self._begin_failed(graph, record, previous, led=led, tokens=tokens, exc=exc)
             raise
