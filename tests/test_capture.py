@@ -400,7 +400,7 @@ def test_nothing_left_behind_when_enter_makes_no_capture_begin(runtime: Runtime)
     with torch.cuda.graph(graph):
         runtime.tensor().add_(1)
     assert cgguard.status().captures == ()
-    assert tracker().entering == {}  # nothing half-begun left behind
+    assert tracker().entering.capture is None  # nothing half-begun left behind
 
 
 def open_capture(context: Any) -> None:
@@ -567,7 +567,7 @@ def test_capture_made_while_torch_prepares_another_on_one_thread(
         ("capture_disabled", "torch.cuda.graph", line_of("@hook-captures")),
     ]
     assert cgguard.status().captures == ()
-    assert tracker().entering == {}  # nothing half-begun left behind
+    assert tracker().entering.capture is None  # nothing half-begun left behind
 
 
 @pytest.mark.simulated

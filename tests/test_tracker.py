@@ -104,7 +104,8 @@ def test_a_capture_is_active_from_the_moment_torch_begins_it() -> None:
     def torch_begins(*args: object, **kwargs: object) -> None:
         seen.append(cgguard.status().captures)
 
-    tracker().capture_begin(torch_begins, graph, (), {"capture_error_mode": "relaxed"})
+    begin = tracker().make_capture_begin(torch_begins)
+    begin(graph, capture_error_mode="relaxed")
     began = (CaptureInfo(threading.get_ident(), "CUDAGraph.capture_begin", "relaxed"),)
     assert (seen, cgguard.status().captures) == ([began], began)
 

@@ -4,6 +4,7 @@ one tells, the events recorded into it (cgguard._core.captured_events) and its w
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 from cgguard._core.captured_events import CapturedEvents
@@ -17,15 +18,25 @@ if TYPE_CHECKING:
     from cgguard._rules.record import Record
 
 
+class Entering(threading.local):
+    """Each thread's torch.cuda.graph being entered, for the capture_begin its __enter__ makes:
+    (id() of the graph, what the hook on __enter__ checked: the record, and the keys of the
+    captures active then); None outside every __enter__."""
+
+    def __init__(self) -> None:
+        self.capture: tuple[int, tuple[Record, tuple[int, ...]]] | None = None
+
+
 class CaptureBook:
     """Each capture begun and not yet ended, by id() of the graph that holds it."""
 
     def __init__(self, notes: GraphNotes | None = None) -> None:
         # Mutated in place only: the capture path's hooks bind these very dicts.
         self.active: dict[int, Record] = {}
-        # Captures torch.cuda.graph.__enter__ is preparing, by (thread id, id() of the graph):
-        # the record for the capture_begin it makes, and the captures active when it checked.
-        self.entering: dict[tuple[int, int], tuple[Record, tuple[int, ...]]] = {}
+        # Handed from the hook on torch.cuda.graph.__enter__ to the capture_begin it makes, on
+        # the same thread: passed aside, not through the active captures, since torch's own
+        # synchronize before capture_begin is no synchronize during a capture.
+        self.entering = Entering()
         self.events = CapturedEvents()
         self.fanout = Fanout(notes)
 
@@ -98,6 +109,6 @@ class CaptureBook:
     def after_fork(self) -> None:
         """A forked child's fresh start: the parent's captures belong to threads it lacks."""
         self.active.clear()
-        self.entering.clear()
+        self.entering.capture = None  # the forking thread's, the child's only one
         self.events.after_fork()
         self.fanout.after_fork()

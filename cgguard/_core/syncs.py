@@ -4,7 +4,6 @@ sees them, against the captures a Tracker keeps, and the events recorded into th
 from __future__ import annotations
 
 import functools
-from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 from cgguard._errors import hidden_by_pytest
@@ -120,7 +119,7 @@ class SyncChecks:
         if tracker.retired:
             return
         tracker.sweep()
-        ident, thread = get_ident(), this_thread()
+        thread = this_thread()
         try:
             captured_in = None
             capturing_stream = False
@@ -140,7 +139,7 @@ class SyncChecks:
             if cause is None:
                 return
             why = why_sync(cause, thread, captured_in, capturing_stream)
-            if any(entering_thread == ident for entering_thread, _ in list(tracker.entering)):
+            if tracker.entering.capture is not None:
                 # torch.cuda.graph.__enter__'s own synchronize: part of the capture attempt,
                 # reported already under the rule it breaks, unless that rule is off.
                 covered = "nested_capture" if cause[THREAD] == thread else "concurrent_capture"

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import sys
-from threading import get_ident
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +40,7 @@ from cgguard._rules.record import (
     THREAD,
     Disabler,
 )
-from cgguard._support.frames import snapshot, with_stack
+from cgguard._support.frames import ENTERS_WITH, SUSPENDS, snapshot, snapshot_from
 from cgguard._support.threads import marks as _marks
 from cgguard._support.warn import warn_once
 
@@ -91,131 +90,118 @@ class Tracker:
         """Follow each capture begun from now on with ``watchers``, told in that order."""
         self.fanout.set(watchers)
 
-    # The hooks.
-
-    # Each hook is a plain function calling one method, so that each finds the user's frame two
-    # up: torch.accelerator's are the same, made with their own ``api`` (cgguard._core.patches).
+    # The hooks: plain functions, not wrapt wrappers, as every hook on the capture path is:
+    # wrapt's binding and call protocol cost about four Python calls each, twice per capture.
+    # Put on the class, a function binds as the method it replaces, so it covers subclasses as
+    # a wrapt wrapper would; torch.accelerator's are the same, made with their own ``api``
+    # (cgguard._core.patches). Each holds the tracker's parts it reads, the very objects.
 
     def make_graph_enter(self, original: Any, api: str = API_GRAPH) -> Any:
-        """torch.cuda.graph.__enter__, or torch.accelerator.Graph's, checked before torch's own.
+        """torch.cuda.graph.__enter__, or torch.accelerator.Graph's: its capture checked before
+        torch's own __enter__ runs, which synchronizes, empties the cache and switches the
+        current stream before capture_begin: a refusal raised after that would leave the thread
+        on the capture stream for good, since __exit__ never runs."""
+        tracker, entering, flag, follows = self, self.entering, self.flag, self.follows
+        accelerator = api is not API_GRAPH
 
-        A plain function, not a wrapt wrapper, as every hook on the capture path is: wrapt's
-        binding and call protocol cost about four Python calls, twice per capture. Put on the
-        class, a function binds as the method it replaces, so it covers subclasses as a wrapt
-        wrapper would.
-        """
-        graph_enter = self.graph_enter
-
+        # __enter__ takes no argument (the context manager protocol): none to pass through.
         @functools.wraps(original)
-        def enter(instance: Any, *args: Any, **kwargs: Any) -> Any:
-            return graph_enter(original, instance, args, kwargs, api)
+        def enter(instance: Any) -> Any:
+            if accelerator:
+                # The graph is the instance, and it captures on the current stream.
+                mode = _accelerator_mode(instance)
+                graph = id(instance)
+                stream = tracker.probes.stream()
+            else:
+                mode = instance.capture_error_mode
+                graph = id(instance.cuda_graph)
+                # torch.cuda.graph captures on its own stream, set when it was made.
+                stream = getattr(instance, "capture_stream", None)
+            # Where the capture began (cgguard._support.frames.with_stack, inline: this runs at
+            # every capture): a frame entering a ``with`` runs for the whole block, and is kept.
+            caller = sys._getframe(1)  # the caller of __enter__
+            code, lasti = caller.f_code, caller.f_lasti
+            if code.co_code[lasti] in ENTERS_WITH and not code.co_flags & SUSPENDS:
+                stack: Snapshot | LiveStack = (caller, lasti)
+            else:
+                stack = snapshot_from(caller)
+            if tracker.active or follows or not flag.enabled:
+                checked = tracker.check(api, graph, mode, stack, stream)
+            else:
+                # check()'s first case, without the call: nothing capturing, nothing followed,
+                # and capture enabled, as at nearly every capture.
+                checked = ((graph, _marks.ref, api, mode, stack, stream), ())
+            # For the capture_begin that __enter__ makes (cgguard._core.book.Entering); one of
+            # the thread's already entering, if any, comes back once this one is done.
+            outer = entering.capture
+            entering.capture = (graph, checked)
+            try:
+                return original(instance)
+            finally:
+                entering.capture = outer
 
         return enter
 
     def make_capture_begin(self, original: Any, api: str = API_CAPTURE_BEGIN) -> Any:
-        """CUDAGraph.capture_begin, or torch.accelerator.Graph's: as make_graph_enter."""
-        capture_begin = self.capture_begin
+        """CUDAGraph.capture_begin, or torch.accelerator.Graph's (whose mode is the graph's):
+        the capture recorded and its watchers told, then torch's own run."""
+        tracker, active, entering, fanout = self, self.active, self.entering, self.fanout
+        flag, follows = self.flag, self.follows
+        raw_mode = _error_mode if api is API_CAPTURE_BEGIN else None
 
         @functools.wraps(original)
         def begin(instance: Any, *args: Any, **kwargs: Any) -> Any:
-            return capture_begin(original, instance, args, kwargs, api)
+            graph = id(instance)
+            held = entering.capture
+            if held is None or held[0] != graph:
+                # Walked now: a raw capture_begin is often made by a helper that returns at
+                # once, and its callers move on while the capture stays active. It captures on
+                # the current stream. Its mode is read here alone: a torch.cuda.graph's was
+                # read as __enter__ began.
+                mode = raw_mode(args, kwargs) if raw_mode else _accelerator_mode(instance)
+                stack, stream = snapshot(1), tracker.probes.stream()
+                if active or follows or not flag.enabled:
+                    record = tracker.check(api, graph, mode, stack, stream)[0]
+                else:  # check()'s first case, without the call, as __enter__'s hook does
+                    record = (graph, _marks.ref, api, mode, stack, stream)
+            else:
+                # The capture_begin of a torch.cuda.graph, checked when __enter__ began; a
+                # capture another thread began while torch prepared this one was not.
+                entering.capture = None
+                record, seen = held[1]
+                if active:
+                    tracker.recheck_concurrent(record, seen)
+            # A capture into this graph already under way, if any: put back if this one fails.
+            previous = active.get(graph) if active else None
+            if fanout.forgets:
+                forget_graph(instance)  # what a watcher kept for this graph's earlier capture
+            # The first watcher told inline, not through the fanout: this runs at every capture
+            # the census counts.
+            led: Told | None = None
+            lead = fanout.lead
+            if lead is not None:
+                try:
+                    led = (lead, lead.opening(instance, record, args, kwargs))
+                except Exception as exc:
+                    warn_once("watch:open", f"internal error while watching a capture: {exc!r}")
+            tokens = fanout.open_rest(instance, record, args, kwargs) if fanout.rest else None
+            try:
+                # Recorded first: an interrupt right after torch began the capture must not
+                # leave it unknown, and a later nested capture unrefused.
+                active[graph] = record
+                result = original(instance, *args, **kwargs)
+            except BaseException as exc:
+                tracker.begin_failed(graph, record, previous, led=led, tokens=tokens, exc=exc)
+                raise
+            if led is not None:
+                fanout.led[graph] = led
+            if tokens:
+                fanout.tokens[graph] = tokens
+            return result
 
         return begin
 
-    def graph_enter(
-        self, original: Any, instance: Any, args: Any, kwargs: Any, api: str = API_GRAPH
-    ) -> Any:
-        """A torch.cuda.graph (or torch.accelerator.Graph) entered: its capture checked, then
-        torch's ``original`` __enter__ run. Called by the hook, from the caller of __enter__."""
-        if api is API_GRAPH:
-            mode = instance.capture_error_mode
-            graph = id(instance.cuda_graph)
-            # torch.cuda.graph captures on its own stream, set when it was made.
-            stream = getattr(instance, "capture_stream", None)
-        else:
-            # torch.accelerator.Graph: the graph is the instance, and it captures on the
-            # current stream.
-            mode = _accelerator_mode(instance)
-            graph = id(instance)
-            stream = self.probes.stream()
-        # Checked before torch's __enter__ runs: it synchronizes, empties the cache and switches
-        # the current stream before capture_begin, and a refusal raised after that would leave
-        # the thread on the capture stream for good, since __exit__ never runs.
-        key = (get_ident(), graph)
-        stack = with_stack(sys._getframe(2))  # the caller of __enter__, beyond its hook
-        if self.active or self.follows or not self.flag.enabled:
-            checked = self.check(api, graph, mode, stack, stream)
-        else:
-            # check()'s first case, without the call: nothing capturing, nothing followed, and
-            # capture enabled, as at nearly every capture.
-            checked = ((graph, _marks.ref, api, mode, stack, stream), ())
-        try:
-            # For the capture_begin that __enter__ makes: passed aside, not through the active
-            # captures, since torch's own synchronize before capture_begin is no synchronize
-            # during a capture; with it, the captures this one was checked against.
-            self.entering[key] = checked
-            return original(instance, *args, **kwargs)
-        finally:
-            self.entering.pop(key, None)
-
-    def capture_begin(
-        self, original: Any, instance: Any, args: Any, kwargs: Any, api: str = API_CAPTURE_BEGIN
-    ) -> Any:
-        """A graph's capture_begin (a torch.accelerator.Graph's mode is the graph's): recorded,
-        its watchers told, then torch's ``original`` run. Called by the hook, as graph_enter."""
-        graph = id(instance)
-        entry = self.entering.pop((get_ident(), graph), None)
-        if entry is None:
-            # Walked now: a raw capture_begin is often made by a helper that returns at once,
-            # and its callers move on while the capture stays active. It captures on the
-            # current stream. Its mode is read here alone: a torch.cuda.graph's was read as
-            # __enter__ began.
-            mode = (
-                _error_mode(args, kwargs)
-                if api is API_CAPTURE_BEGIN
-                else _accelerator_mode(instance)
-            )
-            stack, stream = snapshot(2), self.probes.stream()  # beyond the hook
-            if self.active or self.follows or not self.flag.enabled:
-                record = self.check(api, graph, mode, stack, stream)[0]
-            else:  # check()'s first case, without the call, as in graph_enter
-                record = (graph, _marks.ref, api, mode, stack, stream)
-        else:
-            # The capture_begin of a torch.cuda.graph, checked when __enter__ began; a capture
-            # another thread began while torch prepared this one was not.
-            record, seen = entry
-            if self.active:
-                self._recheck_concurrent(record, seen)
-        active = self.active
-        previous = active.get(graph)  # a capture into this graph already under way, if any
-        fanout = self.fanout
-        if fanout.forgets:
-            forget_graph(instance)  # what a watcher kept for this graph's earlier capture
-        # The first watcher told inline, not through the fanout: this runs at every capture the
-        # census counts.
-        led: Told | None = None
-        lead = fanout.lead
-        if lead is not None:
-            try:
-                led = (lead, lead.opening(instance, record, args, kwargs))
-            except Exception as exc:
-                warn_once("watch:open", f"internal error while watching a capture: {exc!r}")
-        tokens = fanout.open_rest(instance, record, args, kwargs) if fanout.rest else None
-        try:
-            # Recorded first: an interrupt right after torch began the capture must not leave
-            # it unknown, and a later nested capture unrefused.
-            active[graph] = record
-            result = original(instance, *args, **kwargs)
-        except BaseException as exc:
-            self._begin_failed(graph, record, previous, led=led, tokens=tokens, exc=exc)
-            raise
-        if led is not None:
-            fanout.led[graph] = led
-        if tokens:
-            fanout.tokens[graph] = tokens
-        return result
-
-    def _begin_failed(
+    def begin_failed(
         self,
         graph: int,
         record: Record,
@@ -242,14 +228,9 @@ class Tracker:
         self.fanout.keep(graph, led, tokens)
 
     def make_capture_end(self, original: Any) -> Any:
-        """CUDAGraph.capture_end, forgetting the capture once CUDA has ended it.
-
-        A plain function, not a wrapt wrapper: it runs on every capture and does one dict pop,
-        and wrapt's binding and call protocol would cost several times that (about 1 us of the
-        capture path, benchmarks/capture_overhead.py). Put on the class, a function binds as
-        the method it replaces, so it covers subclasses as a wrapt wrapper would.
-        """
-        active, tracker, fanout = self.active, self, self.fanout
+        """CUDAGraph.capture_end, forgetting the capture once CUDA has ended it, and telling its
+        watchers."""
+        active, tracker, events, fanout = self.active, self, self.events, self.fanout
 
         @functools.wraps(original)
         def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -257,14 +238,13 @@ class Tracker:
                 result = original(self, *args, **kwargs)
             except BaseException as exc:
                 if not tracker.probes.still_capturing(exc):
-                    tracker.events.forget(id(self), active.pop(id(self), None))
+                    events.forget(id(self), active.pop(id(self), None))
                     if fanout.led or fanout.tokens:
                         fanout.closed(id(self), FAILED, exc)
                 raise
             key = id(self)
             # An interrupt here leaves a record whose capture has ended: found stale later.
             ended = active.pop(key, None)
-            events = tracker.events
             if events.of:  # no event was recorded into any capture: nothing to forget
                 events.forget(key, ended)
             # The first watcher's token, told as fanout.close would, inline: this runs at the
@@ -322,7 +302,7 @@ class Tracker:
             disabled = disabled_by(self.flag, self.follows, stack)
             found = find_violations(disabled, record[THREAD], mode, list(self.active.values()))
             captures = [c for _, c in found if c is not None and not isinstance(c, Disabler)]
-            if self.book.stale(captures, self.probes):
+            if captures and self.book.stale(captures, self.probes):
                 found = find_violations(disabled, record[THREAD], mode, list(self.active.values()))
         except Exception as exc:
             warn_once(
@@ -330,13 +310,14 @@ class Tracker:
             )
             return record, ()
         if found:
-            error = self.violated(found, api, stack, refuse=True)
+            # Read once: a reconfiguration swaps the reporter whole.
+            error = self.reporter.violated(found, api, stack, refuse=True)
             if error is not None:
                 self.fanout.refused(record)
                 raise error
         return record, seen
 
-    def _recheck_concurrent(self, begun: Record, seen: tuple[int, ...]) -> None:
+    def recheck_concurrent(self, begun: Record, seen: tuple[int, ...]) -> None:
         """Report a capture another thread began while torch.cuda.graph prepared ``begun``.
 
         torch has switched the thread's stream by then, so this reports and never refuses.

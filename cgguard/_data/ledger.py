@@ -133,8 +133,3 @@ class Run:
     def seen(self) -> bool:
         """Whether anything was counted."""
         return bool(len(self.ledger) or len(self.tally))
-
-
-def worth_logging(count: int) -> bool:
-    """The counts at which a repeat is logged (briefly): 2, 4, 8, 16, ..."""
-    return count & (count - 1) == 0

@@ -16,7 +16,6 @@ import threading
 from threading import get_ident
 from typing import TYPE_CHECKING, cast
 
-from cgguard._data.ledger import worth_logging
 from cgguard._reporting import events as _events
 from cgguard._rules.record import API, BEGAN_AT, MODE, QUERIES, THREAD, Disabler
 from cgguard._rules.table import BLAMES_FLAG, BLAMES_THREAD, RULES, Cause
@@ -74,7 +73,10 @@ class Reporter:
         self.listeners = listeners  # the process's (cgguard._process), shared by every reporter
         # The process's metrics, where the configuration asks for them: each violation counted.
         self.metrics = metrics
-        self._lock = threading.Condition(threading.Lock())
+        # Taken by every violation, as a plain lock (its ``with`` costs no Python call); the
+        # condition over it is waited on only by retire(), and notified only once retired.
+        self._lock = threading.Lock()
+        self._left = threading.Condition(self._lock)
         self._users: list[int] = []  # the threads reporting through this reporter now
         self._retired = False
         self._successor: Reporter | None = None
@@ -111,7 +113,16 @@ class Reporter:
         try:
             return self._violated(found, api, Stack(stack), refuse=refuse, why=why, more=more)
         finally:
-            self._leave()
+            with self._lock:
+                self._users.remove(get_ident())
+                closing = False
+                if self._retired:
+                    self._left.notify_all()
+                    closing = not self._users and not self._closed
+                    if closing:
+                        self._closed = True
+            if closing:
+                self._close_outputs()
 
     def retire(self, successor: Reporter | None) -> None:
         """Hand every later violation to ``successor`` (None: drop them), then close the log
@@ -122,21 +133,11 @@ class Reporter:
             self._successor = successor
             # Not for the calling thread's own violation (a listener that reconfigures): the
             # last to leave closes then.
-            self._lock.wait_for(lambda: all(user == me for user in self._users), _CLOSE_WAIT)
+            self._left.wait_for(lambda: all(user == me for user in self._users), _CLOSE_WAIT)
             if self._users or self._closed:
                 return
             self._closed = True
         self._close_outputs()
-
-    def _leave(self) -> None:
-        with self._lock:
-            self._users.remove(get_ident())
-            self._lock.notify_all()
-            closing = self._retired and not self._users and not self._closed
-            if closing:
-                self._closed = True
-        if closing:
-            self._close_outputs()
 
     def _close_outputs(self) -> None:
         try:
@@ -187,19 +188,19 @@ class Reporter:
         more: Mapping[str, Snapshot | None] | None = None,
     ) -> CaptureViolation | None:
         acting: Acting = []
+        profiled = False  # whether a built-in profile's windows alone refused the capture
+        config = self.config
         for rule, cause in found:
-            action = self.config.action(rule)
-            if (
-                action == "raise"
-                and _profile_of(cause) is not None
-                and self.config.profiles != "raise"
-            ):
-                # A built-in profile's first release: it reports what it would refuse, so
-                # that a server that ran yesterday still runs today (docs/integrations.md).
-                action = "log"
+            action = config.action(rule)
+            if type(cause) is Disabler and cause.profile is not None:
+                profiled = True
+                if action == "raise" and config.profiles != "raise":
+                    # A built-in profile's first release: it reports what it would refuse, so
+                    # that a server that ran yesterday still runs today (docs/integrations.md).
+                    action = "log"
             if action != "off":
                 acting.append((rule, cause, action))
-        if self.profiles and acting:
+        if profiled and self.profiles and acting:
             acting = self._profile_exempted(acting, api, stack)
         if self.exemptions is not None and acting:
             acting = self._exempted(acting, api, stack, self.exemptions)
@@ -301,7 +302,7 @@ class Reporter:
             if self.log is not None:
                 if count == 1 and event is not None:
                     self.log.emit(event)
-                elif worth_logging(count):
+                elif count & (count - 1) == 0:  # a repeat, said briefly at 2, 4, 8, 16, ...
                     self.log.emit(_events.repeat(site, count, site.frame()))
             if raising and error is None and event is not None:
                 error = RULES[rule].error(event["message"], event)

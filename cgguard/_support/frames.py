@@ -101,13 +101,14 @@ LiveStack = tuple["FrameType", int]
 
 # CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR: frames suspended at each yield, without
 # callers while they are.
-_SUSPENDS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+SUSPENDS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 # The instructions that enter a ``with`` block (3.10: SETUP_WITH; 3.11 to 3.13: BEFORE_WITH).
-_ENTERS_WITH = frozenset(opcode.opmap.get(n, -1) for n in ("SETUP_WITH", "BEFORE_WITH"))
+ENTERS_WITH = frozenset(opcode.opmap.get(n, -1) for n in ("SETUP_WITH", "BEFORE_WITH"))
 
 
 def with_stack(frame: FrameType) -> Snapshot | LiveStack:
-    """Where a ``with torch.cuda.graph(...)`` began, from the frame that called __enter__.
+    """Where a ``with torch.cuda.graph(...)`` began, from the frame that called __enter__ (the
+    capture path's hook on __enter__ does the same, inline).
 
     A frame stopped at the instruction that enters a ``with`` runs for the whole block, so
     keeping it is enough and cheap. Anything else (a helper that calls ``__enter__()`` and
@@ -119,7 +120,7 @@ def with_stack(frame: FrameType) -> Snapshot | LiveStack:
     # is the byte offset of the instruction running. When a ``with`` calls __enter__ that is
     # the with-entry itself, except on 3.10 where an EXTENDED_ARG before it (a body of over
     # 255 instructions) is what f_lasti shows: that case is walked, exactly if less cheaply.
-    if code.co_code[lasti] in _ENTERS_WITH and not code.co_flags & _SUSPENDS:
+    if code.co_code[lasti] in ENTERS_WITH and not code.co_flags & SUSPENDS:
         return (frame, lasti)
     return snapshot_from(frame)
 
@@ -338,24 +339,30 @@ _visible: dict[int, tuple[CodeType, bool]] = {}
 _prefixes: tuple[str, ...] = ()
 
 
-def innermost_visible(stack: Snapshot) -> tuple[CodeType | None, int]:
-    """(code, lasti) of the innermost frame that render() would keep; cheap enough for storms."""
+def visible(code: CodeType) -> bool:
+    """Whether render() keeps a frame running ``code``: cgguard's, torch's, wrapt's and
+    contextlib's say nothing to the user. Cheap enough for storms: once per code object."""
+    cached = _visible.get(id(code))
+    if cached is not None:
+        return cached[1]
     global _prefixes
     if len(_prefixes) < 2 + len(_HIDDEN_PACKAGES):  # until all are imported, look again
         _prefixes = _hidden_prefixes()
+    if len(_visible) >= _CACHE_MAX:
+        _visible.clear()
+    shown = not code.co_filename.startswith(_prefixes)
+    if len(_prefixes) == 2 + len(_HIDDEN_PACKAGES):  # a verdict made with every prefix known
+        _visible[id(code)] = (code, shown)
+    return shown
+
+
+def innermost_visible(stack: Snapshot) -> tuple[CodeType | None, int]:
+    """(code, lasti) of the innermost frame that render() would keep."""
     for i in range(0, len(stack), 2):
-        if isinstance(stack[i], int):
+        code = stack[i]
+        if isinstance(code, int):
             break  # the count of frames left out, outermost: no code of its own
-        code = cast("CodeType", stack[i])
-        cached = _visible.get(id(code))
-        if cached is not None:
-            visible = cached[1]
-        else:
-            if len(_visible) >= _CACHE_MAX:
-                _visible.clear()
-            visible = not code.co_filename.startswith(_prefixes)
-            _visible[id(code)] = (code, visible)
-        if visible:
+        if visible(code):
             return code, cast("int", stack[i + 1])
     return None, -1
 
@@ -367,10 +374,9 @@ def site_of(stack: Snapshot | LiveStack) -> tuple[CodeType | None, int]:
     hidden code (torch's own ``with torch.cuda.graph``) is walked outwards, while it runs.
     """
     if len(stack) == 2 and type(stack[0]) is FrameType:
-        frame = stack[0]
-        found = innermost_visible((frame.f_code, stack[1]))
-        if found[0] is not None:
-            return found
+        code = stack[0].f_code
+        if visible(code):
+            return code, stack[1]
         return innermost_visible(walk(stack))
     return innermost_visible(stack)
 
