@@ -171,3 +171,14 @@ def test_no_class_grows_past_its_bound() -> None:
                 if lines > LONGEST_CLASS:
                     long.append(f"{path.relative_to(PACKAGE.parent)}: {node.name}, {lines} lines")
     assert long == []
+
+
+def test_the_architecture_page_draws_the_declared_order() -> None:
+    """docs/architecture.md's map lists the layers as they are declared here, tier by tier."""
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    table = page.split("| layer |", 1)[1].split("\n\n", 1)[0]
+    drawn = [
+        tuple(name.strip(" `/").removesuffix(".py") for name in row.split("|")[1].split(", "))
+        for row in table.splitlines()[2:]
+    ]
+    assert drawn == list(LAYERS)
