@@ -1,2 +1,7 @@
-"""The capture path: the hooks on torch's entry points, the captures under way, the watchers
-that follow them, and one installation."""
+"""The capture path on torch: ``tracker`` (the hooks on the capture entry points, and the
+checks of each attempt), ``book`` (the captures under way), ``fanout`` (their watchers told),
+``captured_events``, ``syncs`` (synchronizes and queries checked), ``watcher`` (what a watcher
+is), ``probes`` (what is asked of torch and the device: the one seam), ``patches`` (the only
+module that touches torch) and ``installation``.
+
+Imports cgguard._reporting, cgguard._gate and below."""
