@@ -56,7 +56,7 @@ def start_up_names(repo: Path) -> list[tuple[str, str]]:
     line = (repo / "cgguard.pth").read_text()
     for module, attribute in re.findall(r'__import__\("([\w.]+)"\)\.(\w+)\(', line):
         found.append(("cgguard.pth", f"{module}:{attribute}"))
-    for path in (repo / "sitecustomize_example", repo / "cgguard" / "_boot" / "sitecustomize"):
+    for path in (repo / "sitecustomize_example", repo / "cgguard" / "_sitecustomize"):
         source = path / "sitecustomize.py"
         for node in ast.walk(ast.parse(source.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("cgguard"):
@@ -109,7 +109,7 @@ def test_every_name_the_package_hands_to_python_resolves() -> None:
         "cgguard/testing/__init__.py",
         "cgguard.pth",
         "sitecustomize_example/sitecustomize.py",
-        "cgguard/_boot/sitecustomize/sitecustomize.py",
+        "cgguard/_sitecustomize/sitecustomize.py",
         "pyproject.toml",
     } <= kinds
 

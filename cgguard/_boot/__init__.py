@@ -2,7 +2,7 @@
 
 ``activate()`` (public as ``cgguard.activate``) is called by the ``cgguard.pth`` line that the
 package installs into site-packages, and by the bootstrap ``sitecustomize`` (the folder
-``sitecustomize`` here, and sitecustomize_example). Until torch is imported, an activation with
+``cgguard/_sitecustomize``, and sitecustomize_example). Until torch is imported, an activation with
 CGGUARD_ENABLED=1 alone loads cgguard's package, this one and its post-import hook
 (``importhook``), nothing else; then the hook named ``cgguard._activation:on_torch_import``
 builds the configuration and patches torch.

@@ -39,8 +39,9 @@ if TYPE_CHECKING:
     from cgguard._config.settings import Setting
 
 # The folder put on PYTHONPATH: its sitecustomize activates cgguard in every process started.
+# The bootstrap sitecustomize: a folder of files the package ships, run as a top-level module.
 BOOT_DIR = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_boot", "sitecustomize"
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_sitecustomize"
 )
 
 # Options that take a value; the boolean ones are switches.
