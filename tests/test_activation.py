@@ -201,6 +201,23 @@ def test_users_own_sitecustomize_still_runs(tmp_path: Path) -> None:
     assert done.stdout == f"{patched_count()} sitecustomize\n{own / 'sitecustomize.py'}\n"
 
 
+@pytest.mark.subprocess
+def test_a_sitecustomize_copied_from_an_earlier_cgguard_still_activates(tmp_path: Path) -> None:
+    """A copy that imports ``activate`` from ``cgguard._startup``, as sitecustomize files copied
+    into images before ``cgguard.activate`` did, still guards its processes."""
+    folder = tmp_path / "site"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(
+        "from cgguard._startup import activate\nactivate('sitecustomize', default=True)\n"
+    )
+    done = python(PATCHED, clean_environ(PYTHONPATH=str(folder)))
+    assert (done.returncode, done.stdout, done.stderr) == (
+        0,
+        f"{patched_count()} sitecustomize\n",
+        "",
+    )
+
+
 def test_example_is_the_runners_bootstrap() -> None:
     """sitecustomize_example ships the very file the runner puts on PYTHONPATH."""
     ours = Path(BOOT_DIR, "sitecustomize.py").read_text()
