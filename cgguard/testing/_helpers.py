@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
-from cgguard import _install, _process
 from cgguard.testing._simcuda import active, simulated_runtime
 
 if TYPE_CHECKING:
@@ -25,6 +24,10 @@ def simulated_cuda(*, force: bool = False) -> Iterator[SimulatedCuda]:
     order: while both are in place, the simulated device synchronize is guarded, and so are the
     stand-ins where they do not extend torch's classes (CUDA builds).
     """
+    # Imported here, as the composition root is in each helper: importing cgguard.testing
+    # (pytest's plugin does, in every run) loads none of it.
+    from cgguard import _install
+
     # cgguard lets go of what the simulation is about to replace (torch's own synchronize on a
     # CUDA build, the simulated one on the way out) and takes up what replaced it.
     with simulated_runtime(
@@ -44,6 +47,8 @@ def capture_violations() -> Iterator[list[ViolationEvent]]:
 
     Independent of logging: every violation is seen, whatever the configured output.
     """
+    from cgguard import _process
+
     events: list[ViolationEvent] = []
     listener = events.append
     _process.PROCESS.listeners.append(listener)

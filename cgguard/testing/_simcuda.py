@@ -10,14 +10,14 @@ import threading
 import warnings
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cgguard._core.probes import Device
 from cgguard._errors import CgguardError
-from cgguard._inspect.sync_ops import any_tensor
 from cgguard._support.patchset import PatchSet
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Iterator
     from types import ModuleType
+
+    from cgguard._core.probes import Device
 
 _SUFFIX = " [simulated CUDA]"
 _MODES = ("global", "thread_local", "relaxed")
@@ -193,6 +193,11 @@ class SimulatedCuda:
         """What this runtime says where torch cannot, for cgguard's inspection: CPU tensors
         stand for device tensors, an implicit synchronize let through fails the capture as
         CUDA fails it, and torch's caching allocator knows none of its memory."""
+        # Imported here: importing cgguard.testing (pytest's plugin does, in every run) loads
+        # none of cgguard's capture path.
+        from cgguard._core.probes import Device
+        from cgguard._inspect.sync_ops import any_tensor
+
         return Device(
             on_device=any_tensor, every_tensor=True, waited=self.implicit_sync, allocator=False
         )
