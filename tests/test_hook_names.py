@@ -106,7 +106,6 @@ def test_every_name_the_package_hands_to_python_resolves() -> None:
     assert {
         "cgguard/_boot/__init__.py",
         "cgguard/__init__.py",
-        "cgguard/testing/__init__.py",
         "cgguard.pth",
         "sitecustomize_example/sitecustomize.py",
         "cgguard/_sitecustomize/sitecustomize.py",
