@@ -19,7 +19,7 @@ import cgguard
 from cgguard import _process
 from cgguard._census import watcher as _watcher
 from cgguard._census.watcher import CensusWatcher
-from cgguard._core import tracker as _capture
+from cgguard._core import hooks
 from cgguard._core.probes import NO_TORCH
 from cgguard._core.tracker import Tracker
 from cgguard._data import census as _census
@@ -50,7 +50,7 @@ import torch
 
 import cgguard
 from cgguard._census import watcher as _watcher
-from cgguard._core import tracker as _capture
+from cgguard._core import hooks as _capture
 
 STEP = float(sys.argv[1])
 ticks = iter(range(1, 1_000_000))
@@ -447,8 +447,8 @@ def path_without_torch(census: Census, probe: Any = None) -> tuple[Any, Any, Any
     reporter = Reporter(cgguard.Config(mode="log"), Run(census), listeners=[])
     tracker = Tracker(NO_TORCH, reporter, flag=CaptureFlag(), follows=[])
     tracker.set_watchers((CensusWatcher(census, replays=False, memory=lambda: probe),))
-    end = tracker.make_capture_end(_Graph.capture_end)
-    hook = tracker.make_capture_begin(_Graph.capture_begin)
+    end = hooks.capture_end(tracker, _Graph.capture_end)
+    hook = hooks.capture_begin(tracker, _Graph.capture_begin)
 
     def begin(graph: _Graph, *args: Any, **kwargs: Any) -> None:
         hook(graph, *args, **kwargs)
@@ -624,7 +624,7 @@ def test_a_fold_between_a_captures_entry_and_its_clock_finds_it_under_way(
         return next(clock)
 
     monkeypatch.setattr(_watcher, "perf_counter", folding_clock)
-    monkeypatch.setattr(_capture, "perf_counter", folding_clock)
+    monkeypatch.setattr(hooks, "perf_counter", folding_clock)
     begin(graph)
     end(graph)
     monkeypatch.undo()

@@ -17,8 +17,8 @@ from helpers import SourceFile, patched_count, standin_hooks, torch_entry_points
 
 import cgguard
 from cgguard import _process
+from cgguard._core import hooks as _hooks
 from cgguard._core import patches as _patches
-from cgguard._core import tracker as _tracker
 from cgguard._gate.profiles import ProfileInfo
 from cgguard._gate.windows import WindowInfo
 from cgguard._install import CaptureInfo
@@ -186,12 +186,10 @@ def test_patches_go_on_the_real_class_under_simulation() -> None:
 
 def _patched(method: object) -> bool:
     """Whether ``method`` is cgguard's hook on a capture entry point: a function of the capture
-    path's (cgguard._core.tracker) standing for torch's, which it wraps."""
+    path's (cgguard._core.hooks) standing for torch's, which it wraps."""
     code = getattr(method, "__code__", None)
     return (
-        code is not None
-        and code.co_filename == _tracker.__file__
-        and hasattr(method, "__wrapped__")
+        code is not None and code.co_filename == _hooks.__file__ and hasattr(method, "__wrapped__")
     )
 
 
@@ -228,7 +226,7 @@ def test_install_before_torch_patches_on_import() -> None:
         print("torch imported by install:", "torch" in sys.modules)
         import torch
         hook = vars(torch.cuda.graphs.graph)["__enter__"]
-        ours = hook.__code__.co_filename.endswith("tracker.py")
+        ours = hook.__code__.co_filename.endswith("hooks.py")
         print("patched:", ours, hook.__wrapped__.__qualname__)
         from cgguard.testing import _simcuda, active_simulation, simulated_cuda
         with simulated_cuda(), cgguard.capture_disabled():

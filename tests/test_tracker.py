@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import types
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -12,6 +13,7 @@ from helpers import DISABLED_SENTENCE, SourceFile, thread, tracker
 
 import cgguard
 from cgguard import _process
+from cgguard._core import hooks
 from cgguard._core import syncs as _syncs
 from cgguard._core import tracker as _capture
 from cgguard._core.probes import NO_TORCH
@@ -104,7 +106,7 @@ def test_a_capture_is_active_from_the_moment_torch_begins_it() -> None:
     def torch_begins(*args: object, **kwargs: object) -> None:
         seen.append(cgguard.status().captures)
 
-    begin = tracker().make_capture_begin(torch_begins)
+    begin = hooks.capture_begin(tracker(), torch_begins)
     begin(graph, capture_error_mode="relaxed")
     began = (CaptureInfo(threading.get_ident(), "CUDAGraph.capture_begin", "relaxed"),)
     assert (seen, cgguard.status().captures) == ([began], began)
@@ -461,9 +463,11 @@ def test_internal_error_lets_the_capture_through(
     def broken(*args: object) -> None:
         raise LookupError("guard bug")
 
-    monkeypatch.setattr(_capture, "find_violations", broken)
-    for key in (1, 2):
-        assert check(_record.API_GRAPH, key, "global", ())[0] == key
+    monkeypatch.setattr(_capture, "disabled_by", broken)
+    # Both ways a check goes: nothing capturing and nothing followed, then a flag followed.
+    assert check(_record.API_GRAPH, 1, "global", ())[0] == 1
+    _process.PROCESS.gate.follows.append(FlagSource(types.ModuleType("cgg_followed"), "on"))
+    assert check(_record.API_GRAPH, 2, "global", ())[0] == 2
     assert capsys.readouterr().err == (
         "cgguard: internal error while checking a capture, not checked: LookupError('guard bug')\n"
     )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import wrapt
 
+from cgguard._core import hooks
 from cgguard._core.probes import Probes
 from cgguard._core.syncs import SyncChecks
 from cgguard._core.tracker import Tracker
@@ -79,8 +80,8 @@ def _class_hooks(
     """The capture path's hooks on torch's CUDAGraph, Stream and Event classes, by class name."""
     return {
         "CUDAGraph": [
-            ("capture_begin", tracker.make_capture_begin),
-            ("capture_end", tracker.make_capture_end),
+            ("capture_begin", partial(hooks.capture_begin, tracker)),
+            ("capture_end", partial(hooks.capture_end, tracker)),
         ],
         "Stream": [
             ("synchronize", _wrapt(syncs.checks(API_STREAM_SYNCHRONIZE))),
@@ -119,7 +120,7 @@ def patch_torch(installation: Installation, device: Device | None = None) -> Non
     patches = installation.patches
     patches.apply(
         [
-            (graphs.graph, "__enter__", tracker.make_graph_enter),
+            (graphs.graph, "__enter__", partial(hooks.graph_enter, tracker)),
             # The Python methods on the real classes: subclasses and bound methods land here.
             *(
                 (classes[kind], name, make)
@@ -219,13 +220,13 @@ def _accelerator_entry_points(
     graph_class = real_class(graph_class)
     c_module = sys.modules["torch._C"]
     points: list[tuple[Any, str, Callable[[Any], Any]]] = [
-        (graph_class, "__enter__", partial(tracker.make_graph_enter, api=API_ACCELERATOR_GRAPH)),
+        (graph_class, "__enter__", partial(hooks.graph_enter, tracker, api=API_ACCELERATOR_GRAPH)),
         (
             graph_class,
             "capture_begin",
-            partial(tracker.make_capture_begin, api=API_ACCELERATOR_CAPTURE_BEGIN),
+            partial(hooks.capture_begin, tracker, api=API_ACCELERATOR_CAPTURE_BEGIN),
         ),
-        (graph_class, "capture_end", tracker.make_capture_end),
+        (graph_class, "capture_end", partial(hooks.capture_end, tracker)),
     ]
     if "_accelerator_synchronizeDevice" in vars(c_module):
         points.append(

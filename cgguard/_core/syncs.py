@@ -76,14 +76,25 @@ class SyncChecks:
         call protocol costs more here than the rest of the capture path together.
         """
         active = self.tracker.active
+        if api is API_SYNCHRONIZE:
+            # torch._C._cuda_synchronize takes no argument (torch.cuda.synchronize calls it with
+            # none, every release): neither does its hook, which spares a packing of arguments
+            # at every capture.
+            @functools.wraps(original)
+            def synchronize() -> Any:
+                if active:  # nothing capturing, nothing to check
+                    self.check(api)
+                return original()
+
+            return synchronize
 
         @functools.wraps(original)
-        def synchronize(*args: Any, **kwargs: Any) -> Any:
-            if active:  # nothing capturing, nothing to check
+        def synchronize_with(*args: Any, **kwargs: Any) -> Any:
+            if active:
                 self.check(api)
             return original(*args, **kwargs)
 
-        return synchronize
+        return synchronize_with
 
     def note_record(self, event: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Remember whether ``event`` was just recorded into one of this thread's captures.

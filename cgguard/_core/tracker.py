@@ -18,29 +18,23 @@ that holds it begins another capture or synchronizes.
 
 from __future__ import annotations
 
-import functools
-import sys
-from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from cgguard._core.book import CaptureBook
 from cgguard._core.fanout import close
-from cgguard._core.watcher import forget_graph
 from cgguard._errors import hidden_by_pytest
 from cgguard._gate.flags import disabled_by
 from cgguard._rules.checks import find_violations
 from cgguard._rules.record import (
     API,
     API_CAPTURE_BEGIN,
-    API_GRAPH,
     BEGAN_AT,
-    ENDED,
     FAILED,
     MODE,
     THREAD,
     Disabler,
 )
-from cgguard._support.frames import ENTERS_WITH, SUSPENDS, snapshot, snapshot_from
+from cgguard._support.frames import snapshot
 from cgguard._support.threads import marks as _marks
 from cgguard._support.warn import warn_once
 
@@ -90,116 +84,23 @@ class Tracker:
         """Follow each capture begun from now on with ``watchers``, told in that order."""
         self.fanout.set(watchers)
 
-    # The hooks: plain functions, not wrapt wrappers, as every hook on the capture path is:
-    # wrapt's binding and call protocol cost about four Python calls each, twice per capture.
-    # Put on the class, a function binds as the method it replaces, so it covers subclasses as
-    # a wrapt wrapper would; torch.accelerator's are the same, made with their own ``api``
-    # (cgguard._core.patches). Each holds the tracker's parts it reads, the very objects.
+    # The hooks (cgguard._core.hooks) read the state above, and call these.
 
-    def make_graph_enter(self, original: Any, api: str = API_GRAPH) -> Any:
-        """torch.cuda.graph.__enter__, or torch.accelerator.Graph's: its capture checked before
-        torch's own __enter__ runs, which synchronizes, empties the cache and switches the
-        current stream before capture_begin: a refusal raised after that would leave the thread
-        on the capture stream for good, since __exit__ never runs."""
-        tracker, entering, flag, follows = self, self.entering, self.flag, self.follows
-        accelerator = api is not API_GRAPH
+    def raw_record(self, api: str, instance: Any, args: tuple[Any, ...], kwargs: Any) -> Record:
+        """The record of a capture_begin no torch.cuda.graph checked, checked now; called by
+        the hook on capture_begin, from the caller's caller of torch's.
 
-        # __enter__ takes no argument (the context manager protocol): none to pass through.
-        @functools.wraps(original)
-        def enter(instance: Any) -> Any:
-            if accelerator:
-                # The graph is the instance, and it captures on the current stream.
-                mode = _accelerator_mode(instance)
-                graph = id(instance)
-                stream = tracker.probes.stream()
-            else:
-                mode = instance.capture_error_mode
-                graph = id(instance.cuda_graph)
-                # torch.cuda.graph captures on its own stream, set when it was made.
-                stream = getattr(instance, "capture_stream", None)
-            # Where the capture began (cgguard._support.frames.with_stack, inline: this runs at
-            # every capture): a frame entering a ``with`` runs for the whole block, and is kept.
-            caller = sys._getframe(1)  # the caller of __enter__
-            code, lasti = caller.f_code, caller.f_lasti
-            if code.co_code[lasti] in ENTERS_WITH and not code.co_flags & SUSPENDS:
-                stack: Snapshot | LiveStack = (caller, lasti)
-            else:
-                stack = snapshot_from(caller)
-            if tracker.active or follows or not flag.enabled:
-                checked = tracker.check(api, graph, mode, stack, stream)
-            else:
-                # check()'s first case, without the call: nothing capturing, nothing followed,
-                # and capture enabled, as at nearly every capture.
-                checked = ((graph, _marks.ref, api, mode, stack, stream), ())
-            # For the capture_begin that __enter__ makes (cgguard._core.book.Entering); one of
-            # the thread's already entering, if any, comes back once this one is done.
-            outer = entering.capture
-            entering.capture = (graph, checked)
-            try:
-                return original(instance)
-            finally:
-                entering.capture = outer
-
-        return enter
-
-    def make_capture_begin(self, original: Any, api: str = API_CAPTURE_BEGIN) -> Any:
-        """CUDAGraph.capture_begin, or torch.accelerator.Graph's (whose mode is the graph's):
-        the capture recorded and its watchers told, then torch's own run."""
-        tracker, active, entering, fanout = self, self.active, self.entering, self.fanout
-        flag, follows = self.flag, self.follows
-        raw_mode = _error_mode if api is API_CAPTURE_BEGIN else None
-
-        @functools.wraps(original)
-        def begin(instance: Any, *args: Any, **kwargs: Any) -> Any:
-            graph = id(instance)
-            held = entering.capture
-            if held is None or held[0] != graph:
-                # Walked now: a raw capture_begin is often made by a helper that returns at
-                # once, and its callers move on while the capture stays active. It captures on
-                # the current stream. Its mode is read here alone: a torch.cuda.graph's was
-                # read as __enter__ began.
-                mode = raw_mode(args, kwargs) if raw_mode else _accelerator_mode(instance)
-                stack, stream = snapshot(1), tracker.probes.stream()
-                if active or follows or not flag.enabled:
-                    record = tracker.check(api, graph, mode, stack, stream)[0]
-                else:  # check()'s first case, without the call, as __enter__'s hook does
-                    record = (graph, _marks.ref, api, mode, stack, stream)
-            else:
-                # The capture_begin of a torch.cuda.graph, checked when __enter__ began; a
-                # capture another thread began while torch prepared this one was not.
-                entering.capture = None
-                record, seen = held[1]
-                if active:
-                    tracker.recheck_concurrent(record, seen)
-            # A capture into this graph already under way, if any: put back if this one fails.
-            previous = active.get(graph) if active else None
-            if fanout.forgets:
-                forget_graph(instance)  # what a watcher kept for this graph's earlier capture
-            # The first watcher told inline, not through the fanout: this runs at every capture
-            # the census counts.
-            led: Told | None = None
-            lead = fanout.lead
-            if lead is not None:
-                try:
-                    led = (lead, lead.opening(instance, record, args, kwargs))
-                except Exception as exc:
-                    warn_once("watch:open", f"internal error while watching a capture: {exc!r}")
-            tokens = fanout.open_rest(instance, record, args, kwargs) if fanout.rest else None
-            try:
-                # Recorded first: an interrupt right after torch began the capture must not
-                # leave it unknown, and a later nested capture unrefused.
-                active[graph] = record
-                result = original(instance, *args, **kwargs)
-            except BaseException as exc:
-                tracker.begin_failed(graph, record, previous, led=led, tokens=tokens, exc=exc)
-                raise
-            if led is not None:
-                fanout.led[graph] = led
-            if tokens:
-                fanout.tokens[graph] = tokens
-            return result
-
-        return begin
+        Walked now: a raw capture_begin is often made by a helper that returns at once, and
+        its callers move on while the capture stays active. It captures on the current stream.
+        Its mode is read here alone: a torch.cuda.graph's was read as __enter__ began.
+        """
+        graph = id(instance)
+        mode = _error_mode(args, kwargs) if api is API_CAPTURE_BEGIN else accelerator_mode(instance)
+        stack, stream = snapshot(3), self.probes.stream()  # beyond the hook and its work
+        if self.active or self.follows or not self.flag.enabled:
+            return self.check(api, graph, mode, stack, stream)[0]
+        # check()'s first case, without the call, as __enter__'s hook does.
+        return (graph, _marks.ref, api, mode, stack, stream)
 
     def begin_failed(
         self,
@@ -227,50 +128,6 @@ class Tracker:
         # It began: torch raised only afterwards.
         self.fanout.keep(graph, led, tokens)
 
-    def make_capture_end(self, original: Any) -> Any:
-        """CUDAGraph.capture_end, forgetting the capture once CUDA has ended it, and telling its
-        watchers."""
-        active, tracker, events, fanout = self.active, self, self.events, self.fanout
-
-        @functools.wraps(original)
-        def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
-            try:
-                result = original(self, *args, **kwargs)
-            except BaseException as exc:
-                if not tracker.probes.still_capturing(exc):
-                    events.forget(id(self), active.pop(id(self), None))
-                    if fanout.led or fanout.tokens:
-                        fanout.closed(id(self), FAILED, exc)
-                raise
-            key = id(self)
-            # An interrupt here leaves a record whose capture has ended: found stale later.
-            ended = active.pop(key, None)
-            if events.of:  # no event was recorded into any capture: nothing to forget
-                events.forget(key, ended)
-            # The first watcher's token, told as fanout.close would, inline: this runs at the
-            # end of every capture the census counts.
-            led = fanout.led
-            if led:  # nothing watched: nothing to tell
-                told = led.pop(key, None)
-                if told is not None:
-                    try:
-                        token = told[1]
-                        if type(token) is list:
-                            token[0] += perf_counter()
-                        else:
-                            told[0].closed(token, ENDED, None)
-                    except Exception as exc:
-                        warn_once(
-                            "watch:closed", f"internal error while watching a capture: {exc!r}"
-                        )
-            if fanout.tokens:
-                tokens = fanout.tokens.pop(key, None)
-                if tokens:
-                    close(tokens, ENDED, None)
-            return result
-
-        return capture_end
-
     # The slow path: something is capturing, capture is disabled, or a flag is followed.
 
     def check(
@@ -294,16 +151,19 @@ class Tracker:
                 return record, ()
         if self.retired:
             return record, ()
-        self.sweep()
+        # Nothing capturing and nothing followed: cgguard's own flag is the one thing that may
+        # refuse (a storm of refused captures), found without the sweep or the search. A
+        # capture begun meanwhile is checked once more at capture_begin.
+        quiet = not self.active and not self.follows
+        if not quiet:
+            self.sweep()
         try:
-            # Keys first: a capture begun between the two reads is checked now and, not being
-            # among the keys, once more at capture_begin; none is missed.
-            seen = tuple(self.active)
-            disabled = disabled_by(self.flag, self.follows, stack)
-            found = find_violations(disabled, record[THREAD], mode, list(self.active.values()))
-            captures = [c for _, c in found if c is not None and not isinstance(c, Disabler)]
-            if captures and self.book.stale(captures, self.probes):
-                found = find_violations(disabled, record[THREAD], mode, list(self.active.values()))
+            if quiet:
+                disabled = disabled_by(self.flag, ())
+                found: Found = [] if disabled is None else [("capture_disabled", disabled)]
+                seen: tuple[int, ...] = ()
+            else:
+                found, seen = self._search(record, mode, stack)
         except Exception as exc:
             warn_once(
                 "guard:begin", f"internal error while checking a capture, not checked: {exc!r}"
@@ -316,6 +176,21 @@ class Tracker:
                 self.fanout.refused(record)
                 raise error
         return record, seen
+
+    def _search(
+        self, record: Record, mode: str, stack: Snapshot | LiveStack
+    ) -> tuple[Found, tuple[int, ...]]:
+        """check()'s search for the rules an attempt breaks, with the keys of the captures
+        active then."""
+        # Keys first: a capture begun between the two reads is checked now and, not being
+        # among the keys, once more at capture_begin; none is missed.
+        seen = tuple(self.active)
+        disabled = disabled_by(self.flag, self.follows, stack)
+        found = find_violations(disabled, record[THREAD], mode, list(self.active.values()))
+        captures = [c for _, c in found if c is not None and not isinstance(c, Disabler)]
+        if captures and self.book.stale(captures, self.probes):
+            found = find_violations(disabled, record[THREAD], mode, list(self.active.values()))
+        return found, seen
 
     def recheck_concurrent(self, begun: Record, seen: tuple[int, ...]) -> None:
         """Report a capture another thread began while torch.cuda.graph prepared ``begun``.
@@ -357,7 +232,7 @@ class Tracker:
                 )
 
 
-def _accelerator_mode(graph: Any) -> str:
+def accelerator_mode(graph: Any) -> str:
     """The capture_error_mode a torch.accelerator.Graph captures in.
 
     Its "default" is the backend's default; on CUDA that is cudaStreamCaptureModeGlobal, what

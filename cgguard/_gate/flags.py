@@ -20,14 +20,18 @@ if TYPE_CHECKING:
 class CaptureFlag:
     """cgguard's capture flag, and where it was last changed (None: by configuration)."""
 
-    __slots__ = ("changed_at", "enabled")
+    __slots__ = ("changed_at", "disabler", "enabled")
 
     def __init__(self) -> None:
         self.enabled = True
         self.changed_at: Snapshot | None = None
+        # What disables capture while the flag is off: made as it is set, not at each refused
+        # capture of a storm.
+        self.disabler = Disabler(None, None)
 
     def set(self, enabled: bool, changed_at: Snapshot | None) -> None:
         # Origin first: a reader that sees the new value must not see the old origin.
+        self.disabler = Disabler(None, changed_at)
         self.changed_at = changed_at
         self.enabled = enabled
 
@@ -212,7 +216,11 @@ def disabled_by(
     windows keep it).
     """
     if not flag.enabled:
-        return Disabler(None, flag.changed_at)
+        disabler = flag.disabler
+        # As set with the flag, unless its origin was assigned on its own since.
+        return (
+            disabler if disabler.changed_at is flag.changed_at else Disabler(None, flag.changed_at)
+        )
     inside = False
     refusing: list[Windows] = []
     for source in list(follows):

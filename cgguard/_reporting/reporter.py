@@ -206,11 +206,11 @@ class Reporter:
             acting = self._exempted(acting, api, stack, self.exemptions)
         if not acting:
             return None
-        refusing = next((r for r, _, a in acting if refuse and a == "raise"), None)
         try:
             return self._report_each(acting, api, stack, refuse=refuse, why=why, more=more)
         except Exception as exc:
             warn_once("guard:report", f"internal error while reporting a violation: {exc!r}")
+            refusing = next((r for r, _, a in acting if refuse and a == "raise"), None)
             if refusing is None:
                 return None
             # Refused all the same, with what is known without the report.
