@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from cgguard._census.compile_skips import CompileSkips
 from cgguard._core.watcher import GraphNotes
 from cgguard._gate.gate import Gate
-from cgguard._inspect.inspector import Inspections
+from cgguard._inspect.inspections import Inspections
 from cgguard._reporting import events
 from cgguard._reporting.metrics import Prometheus
 from cgguard._support import warn

@@ -37,7 +37,7 @@ from cgguard._inspect import liveness as _liveness
 from cgguard._inspect.mode import mode_type, push_below, remove_mode
 from cgguard._inspect.rng import RNG_FUNCTIONS, rng_refused
 from cgguard._inspect.sync_ops import syncs
-from cgguard._rules.record import BEGAN_AT, ENDED, FAILED, MODE, THREAD
+from cgguard._rules.record import BEGAN_AT, ENDED, FAILED, MODE
 from cgguard._support.frames import Stack, resolve, site_of, stack_above
 from cgguard._support.warn import warn_once
 
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from cgguard._core.probes import Probes
     from cgguard._data.schema import ViolationEvent
     from cgguard._errors import CaptureViolation
+    from cgguard._inspect.inspections import Inspections
     from cgguard._inspect.sync_ops import SyncOp
     from cgguard._rules.record import Record
     from cgguard._support.frames import Snapshot
@@ -71,98 +72,6 @@ NONE_SEEN = (
     "no offending call seen by cgguard: a C++ extension, another thread, or a kernel "
     "launched outside torch's dispatcher"
 )
-
-
-class Inspections:
-    """The inspected captures of the process, across reconfigurations: each thread's own,
-    innermost last, and those open on any thread.
-
-    While any is open, one listener among the process's ``listeners`` notes the first violation
-    let through on a thread during its inspected capture, for a capture_end that fails.
-    """
-
-    def __init__(self, listeners: list[Callable[[ViolationEvent], None]]) -> None:
-        self.listeners = listeners
-        self.local = threading.local()  # .captures: this thread's inspected captures
-        self.open: list[InspectedCapture] = []  # on any thread
-        self.lock = threading.Lock()
-
-    def captures(self) -> list[InspectedCapture]:
-        """This thread's inspected captures, innermost last."""
-        captures: list[InspectedCapture] | None = getattr(self.local, "captures", None)
-        if captures is None:
-            captures = self.local.captures = []
-        return captures
-
-    def forget_closed(self) -> None:
-        """Take off this thread's stack the modes of its captures that another thread ended."""
-        captures = getattr(self.local, "captures", None)
-        if captures:
-            for capture in [w for w in captures if w.closed]:
-                capture.take_off()
-
-    def judging(self) -> InspectedCapture | None:
-        """This thread's innermost inspected capture that is still judged, if any."""
-        captures: list[InspectedCapture] | None = getattr(self.local, "captures", None)
-        if not captures:
-            return None
-        self.forget_closed()
-        for capture in reversed(captures):
-            if capture.on:
-                return capture
-        return None
-
-    def listen(self, capture: InspectedCapture, *, opened: bool) -> None:
-        """``capture`` opened or closed: the listener is subscribed while any is open (one for
-        the process, called on the violating thread)."""
-        with self.lock:
-            if opened:
-                self.open.append(capture)
-            elif capture in self.open:
-                self.open.remove(capture)
-            listening = self.offended in self.listeners
-            if self.open and not listening:
-                self.listeners.append(self.offended)
-            elif not self.open and listening:
-                self.listeners.remove(self.offended)
-
-    def offended(self, event: ViolationEvent) -> None:
-        """The listener: a violation let through during this thread's inspected capture."""
-        captures = getattr(self.local, "captures", None)
-        if not captures or event.get("action") != "logged":
-            return
-        for capture in captures:
-            if (
-                capture.on
-                and capture.offender is None
-                and _thread_of(capture) == event.get("thread_id")
-            ):
-                capture.offender = event
-
-    def retire(self, inspector: Inspector) -> None:
-        """``inspector`` was replaced: its captures still under way stop judging at once."""
-        with self.lock:
-            captures = list(self.open)
-        for capture in captures:
-            if capture.inspector is inspector:
-                capture.on = False
-
-    def after_fork(self) -> None:
-        """A forked child: the forking thread's captures' modes come off its stack, and the
-        captures of the threads it lacks are not its own."""
-        for capture in list(self.captures()):
-            capture.on = False
-            capture.take_off()
-        self.local = threading.local()
-        # Another thread may have held the lock at the fork.
-        self.lock = threading.Lock()
-        self.open.clear()
-        if self.offended in self.listeners:
-            self.listeners.remove(self.offended)
-
-
-def _thread_of(capture: InspectedCapture) -> int | None:
-    return capture.record[THREAD].ident
 
 
 class InspectedCapture:
