@@ -9,7 +9,6 @@ import sys
 from typing import TYPE_CHECKING, NamedTuple
 
 from cgguard import _boot, _process
-from cgguard._boot import importhook
 from cgguard._config import settings as _settings
 from cgguard._config.config import Config
 from cgguard._core.installation import Installation
@@ -93,7 +92,7 @@ def install(config: Config | None = None) -> None:
         # Patched already, or to be once torch is imported: nothing more to do now.
         done = bool(installation.patches)
         if not done and "torch" not in sys.modules:
-            importhook.when_imported("torch", patch_on_import)
+            _boot.when_imported("torch", patch_on_import)
             done = True
     if replaced is not None:
         # Outside the lock: a violation in flight through the old reporter may be a listener's
@@ -112,7 +111,7 @@ def uninstall() -> None:
     """Put torch's attributes back exactly as they were and stop reporting. Idempotent."""
     process = _process.PROCESS
     with process.lock:
-        importhook.cancel("torch", patch_on_import)
+        _boot.cancel("torch", patch_on_import)
         process.gate.stop()  # follow_flag() made before install() too
         process.skips.stop()
         process.prometheus.unwant()
@@ -173,7 +172,7 @@ def status() -> Status:
                 + installation.replay.targets()
                 + installation.watcher_hooks.targets()
             ),
-            waiting_for_torch=patch_on_import in importhook.pending("torch"),
+            waiting_for_torch=patch_on_import in _boot.pending("torch"),
             followed=gate.followed(),
             waiting_to_follow=tuple(gate.flags.waiting()),
             capture_enabled=gate.is_capture_enabled(),

@@ -8,7 +8,7 @@ installation. ``PROCESS`` holds all of it, each part built whole by ``Process()`
 fork handler. Read it as ``_process.PROCESS`` at each use, never bound by name: a reset
 replaces it.
 
-Left out, each for its reason: the post-import hooks (cgguard._boot.importhook) and the
+Left out, each for its reason: the post-import hooks (cgguard._boot) and the
 warnings already said (cgguard._support.warn), which start-up uses before this module exists;
 how start-up activated the process (cgguard._boot), a fact that never changes; and
 cgguard's counters in prometheus_client's registry (cgguard._reporting.metrics), registered

@@ -161,14 +161,13 @@ def test_a_module_imported_later_is_hooked_on_import(monkeypatch: pytest.MonkeyP
     """Installed before torch._dynamo.utils is imported: hooked once it is, never imported by
     cgguard itself."""
     monkeypatch.delitem(sys.modules, _compile_skips.MODULE, raising=False)
-    from cgguard import _process
-    from cgguard._boot import importhook
+    from cgguard import _boot, _process
 
     cgguard.install(cgguard.Config(log_file=os.devnull))
     hook = _process.PROCESS.skips.hook
-    assert hook in importhook.pending(_compile_skips.MODULE)
+    assert hook in _boot.pending(_compile_skips.MODULE)
     cgguard.uninstall()
-    assert hook not in importhook.pending(_compile_skips.MODULE)
+    assert hook not in _boot.pending(_compile_skips.MODULE)
 
 
 @pytest.mark.skipif(not COUNTS_CPU_CUDAGRAPH_SKIPS, reason="torch counts no CPU cudagraph skip")

@@ -104,7 +104,7 @@ def test_every_name_the_package_hands_to_python_resolves() -> None:
     assert unresolved(called) + unresolved(faces, called=False) == []
     # Each kind of place was read: an empty collection would pass for the wrong reason.
     assert {
-        "cgguard/_boot/__init__.py",
+        "cgguard/_boot.py",
         "cgguard/__init__.py",
         "cgguard.pth",
         "sitecustomize_example/sitecustomize.py",

@@ -1,4 +1,4 @@
-"""The post-import hook (cgguard._boot.importhook): callbacks after a module's import."""
+"""The post-import hook (cgguard._boot): callbacks after a module's import."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from cgguard._boot import importhook
+from cgguard import _boot
 from cgguard._support import warn as _warn
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Modules
 @pytest.fixture(autouse=True)
 def _clean_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
     """No callbacks pending, sys.meta_path restored and warnings unsaid, around each test."""
-    monkeypatch.setattr(importhook, "_callbacks", {})
+    monkeypatch.setattr(_boot, "_callbacks", {})
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.setattr(_warn, "_said", set())
 
@@ -77,7 +77,7 @@ def test_fires_once_after_the_body_ran(modules: Modules) -> None:
     """The callback gets the module once its whole body ran, and never again on re-import."""
     name = modules.write(BODY)
     calls: list[tuple[ModuleType, object]] = []
-    importhook.when_imported(name, recorder(calls))
+    _boot.when_imported(name, recorder(calls))
     module = importlib.import_module(name)
     del sys.modules[name]
     importlib.import_module(name)
@@ -90,7 +90,7 @@ def test_fires_for_a_submodule(modules: Modules) -> None:
     (modules.folder / package / "sub.py").write_text(BODY)
     importlib.invalidate_caches()
     calls: list[tuple[ModuleType, object]] = []
-    importhook.when_imported(f"{package}.sub", recorder(calls))
+    _boot.when_imported(f"{package}.sub", recorder(calls))
     module = importlib.import_module(f"{package}.sub")
     assert [(module, "body ran to the end")] == calls
 
@@ -99,7 +99,7 @@ def test_other_modules_do_not_fire(modules: Modules) -> None:
     """Importing other modules and packages fires nothing; the watched one fires after."""
     watched = modules.write(BODY)
     calls: list[tuple[ModuleType, object]] = []
-    importhook.when_imported(watched, recorder(calls))
+    _boot.when_imported(watched, recorder(calls))
     importlib.import_module(modules.write(BODY))
     importlib.import_module(modules.write(BODY, package=True))
     assert calls == []
@@ -111,7 +111,7 @@ def test_registering_does_not_import(modules: Modules) -> None:
     """when_imported() only registers: the module is not imported and nothing is called."""
     name = modules.write("raise AssertionError('imported by when_imported')\n")
     calls: list[tuple[ModuleType, object]] = []
-    importhook.when_imported(name, recorder(calls))
+    _boot.when_imported(name, recorder(calls))
     assert (name in sys.modules, calls) == (False, [])
 
 
@@ -121,9 +121,9 @@ def test_cancel_prevents_the_call(modules: Modules) -> None:
     cancelled: list[tuple[ModuleType, object]] = []
     kept: list[tuple[ModuleType, object]] = []
     callback = recorder(cancelled)
-    importhook.when_imported(name, callback)
-    importhook.when_imported(name, recorder(kept))
-    importhook.cancel(name, callback)
+    _boot.when_imported(name, callback)
+    _boot.when_imported(name, recorder(kept))
+    _boot.cancel(name, callback)
     module = importlib.import_module(name)
     assert ([], [(module, "body ran to the end")]) == (cancelled, kept)
 
@@ -138,8 +138,8 @@ def test_failing_callback_does_not_fail_the_import(
         raise ValueError("boom")
 
     calls: list[tuple[ModuleType, object]] = []
-    importhook.when_imported(name, fail)
-    importhook.when_imported(name, recorder(calls))
+    _boot.when_imported(name, fail)
+    _boot.when_imported(name, recorder(calls))
     module = importlib.import_module(name)
     assert [(module, "body ran to the end")] == calls
     assert sys.modules[name] is module
@@ -151,7 +151,7 @@ def test_failed_import_does_not_fire(modules: Modules) -> None:
     """A module whose body raises fails as usual and its callback waits for a successful import."""
     name = modules.write("LAST = 'half'\nraise ImportError('body failed')\n")
     calls: list[tuple[ModuleType, object]] = []
-    importhook.when_imported(name, recorder(calls))
+    _boot.when_imported(name, recorder(calls))
     with pytest.raises(ImportError) as info:
         importlib.import_module(name)
     assert str(info.value) == "body failed"
@@ -166,11 +166,11 @@ def test_finder_leaves_meta_path_when_nothing_is_pending(modules: Modules) -> No
     """The finder goes first on sys.meta_path while callbacks wait, and leaves after the last."""
     before = list(sys.meta_path)
     first, second = modules.write(BODY), modules.write(BODY)
-    importhook.when_imported(first, recorder([]))
-    importhook.when_imported(second, recorder([]))
-    assert [importhook._finder, *before] == sys.meta_path
+    _boot.when_imported(first, recorder([]))
+    _boot.when_imported(second, recorder([]))
+    assert [_boot._finder, *before] == sys.meta_path
     importlib.import_module(first)
-    assert [importhook._finder, *before] == sys.meta_path
+    assert [_boot._finder, *before] == sys.meta_path
     importlib.import_module(second)
     assert before == sys.meta_path
 
@@ -180,15 +180,15 @@ def test_cancel_of_the_last_callback_removes_the_finder(modules: Modules) -> Non
     before = list(sys.meta_path)
     name = modules.write(BODY)
     callback = recorder([])
-    importhook.when_imported(name, callback)
-    importhook.cancel(name, callback)
+    _boot.when_imported(name, callback)
+    _boot.cancel(name, callback)
     assert before == sys.meta_path
 
 
 def test_loader_is_left_unhooked(modules: Modules) -> None:
     """After the import the module's loader has no instance exec_module left by the hook."""
     name = modules.write(BODY)
-    importhook.when_imported(name, recorder([]))
+    _boot.when_imported(name, recorder([]))
     module = importlib.import_module(name)
     assert module.__spec__ is not None
     loader = module.__spec__.loader
@@ -201,11 +201,11 @@ def test_a_hook_named_by_string_is_imported_only_when_it_fires(modules: Modules)
         "CALLS = []\n\ndef on_import(module):\n    CALLS.append((module.__name__, module.LAST))\n"
     )
     watched = modules.write(BODY)
-    importhook.when_imported(watched, f"{hooks}:on_import")
-    assert (hooks in sys.modules, importhook.pending(watched)) == (False, [f"{hooks}:on_import"])
+    _boot.when_imported(watched, f"{hooks}:on_import")
+    assert (hooks in sys.modules, _boot.pending(watched)) == (False, [f"{hooks}:on_import"])
     importlib.import_module(watched)
     assert [(watched, "body ran to the end")] == sys.modules[hooks].CALLS
-    assert importhook.pending(watched) == []
+    assert _boot.pending(watched) == []
 
 
 def test_start_up_imports_the_standard_library_alone() -> None:
@@ -214,28 +214,20 @@ def test_start_up_imports_the_standard_library_alone() -> None:
     import ast
     from pathlib import Path
 
-    import cgguard._boot
-
-    found = {}
-    for module in (cgguard._boot, importhook):
-        assert module.__file__ is not None
-        tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
-        top_level = [
-            alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names
-        ] + [node.module for node in tree.body if isinstance(node, ast.ImportFrom)]
-        inside = {
-            node.module
-            for node in ast.walk(tree)
-            if isinstance(node, ast.ImportFrom)
-            and (node.module or "").startswith("cgguard")
-            and node not in tree.body
-        }
-        found[module.__name__] = (top_level, sorted(inside))
-    assert found == {
-        "cgguard._boot": (["os", "sys", "cgguard._boot.importhook"], ["cgguard._support.warn"]),
-        "cgguard._boot.importhook": (["_thread", "os", "sys"], ["cgguard._support.warn"]),
+    assert _boot.__file__ is not None
+    tree = ast.parse(Path(_boot.__file__).read_text(encoding="utf-8"))
+    top_level = [
+        alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names
+    ] + [node.module for node in tree.body if isinstance(node, ast.ImportFrom)]
+    inside = {
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        and (node.module or "").startswith("cgguard")
+        and node not in tree.body
     }
-    assert cgguard._boot.CHECK_ENVIRONMENT == "cgguard._config.settings:activation_says_on"
+    assert (top_level, sorted(inside)) == (["_thread", "os", "sys"], ["cgguard._support.warn"])
+    assert _boot.CHECK_ENVIRONMENT == "cgguard._config.settings:activation_says_on"
 
 
 def test_an_exemptions_file_is_parsed_once_from_start_up_to_install(

@@ -295,7 +295,7 @@ def test_installing_twice_before_torch_leaves_no_hook_after_uninstall() -> None:
     """Two installs before ``import torch`` register one hook, which uninstall() removes."""
     out = run_python(
         """
-        import sys, cgguard, cgguard._boot.importhook as h
+        import sys, cgguard, cgguard._boot as h
         cgguard.install()
         cgguard.install(cgguard.Config(mode="log"))
         cgguard.uninstall()

@@ -207,7 +207,6 @@ def test_import_adds_no_heavy_modules() -> None:
     assert {
         "cgguard",
         "cgguard._boot",
-        "cgguard._boot.importhook",
         "cgguard._config",
         "cgguard._config.settings",
         "cgguard._errors",
@@ -527,7 +526,6 @@ def test_exemptions_at_start_up_load_only_the_standard_library(tmp_path: Path) -
         [
             "cgguard",
             "cgguard._boot",
-            "cgguard._boot.importhook",
             "cgguard._config",
             "cgguard._config.settings",
             "cgguard._errors",

@@ -21,7 +21,7 @@ import collections
 import sys
 from typing import TYPE_CHECKING, Any
 
-from cgguard._boot import importhook
+from cgguard import _boot
 from cgguard._data.census import skip_reason
 from cgguard._support.frames import innermost_visible, snapshot_from
 from cgguard._support.warn import warn_once
@@ -90,16 +90,16 @@ class CompileSkips:
         self.installation = installation
         utils = sys.modules.get(MODULE)
         if utils is None:
-            importhook.when_imported(MODULE, self.hook)
-        elif importhook.is_initializing(utils):
-            importhook.when_initialized(utils, self.hook)
+            _boot.when_imported(MODULE, self.hook)
+        elif _boot.is_initializing(utils):
+            _boot.when_initialized(utils, self.hook)
         else:
             self.hook(utils)
 
     def stop(self) -> None:
         """Stop counting, and give torch plain counters back."""
         self.installation = None
-        importhook.cancel(MODULE, self.hook)
+        _boot.cancel(MODULE, self.hook)
         counters = getattr(sys.modules.get(MODULE), "counters", None)
         if not isinstance(counters, collections.defaultdict):
             return

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from cgguard._boot import importhook
+from cgguard import _boot
 from cgguard._errors import ConfigError
 from cgguard._gate.flags import FlagSource
 from cgguard._support.frames import snapshot
@@ -70,7 +70,7 @@ class _Follow:
         self.follows.append(source)
 
     def undo(self) -> None:
-        importhook.cancel(self.module_name, self.apply)
+        _boot.cancel(self.module_name, self.apply)
         if self.source is not None and self.source in self.follows:
             self.follows.remove(self.source)
         self.patches.restore()
@@ -97,14 +97,14 @@ class FollowedFlags:
     def _start(self, module: str, attribute: str, setter: str | None) -> _Follow:
         follow = _Follow(module, attribute, setter, self.follows)
         found = sys.modules.get(module)
-        if found is not None and importhook.is_initializing(found):
+        if found is not None and _boot.is_initializing(found):
             # Being imported now (its own import of torch activated cgguard, say): its setter
             # is not defined yet, and is wrapped once the module has run to its end.
-            importhook.when_initialized(found, follow.apply)
+            _boot.when_initialized(found, follow.apply)
         elif found is not None:
             follow.apply(found)
         else:
-            importhook.when_imported(module, follow.apply)
+            _boot.when_imported(module, follow.apply)
         return follow
 
     def follow_vllm(self, enabled: bool) -> None:

@@ -19,7 +19,7 @@ from _thread import get_ident
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cgguard._boot import importhook
+from cgguard import _boot
 from cgguard._config.settings import WINDOW_SYNTAX, shown
 from cgguard._gate.flags import WITH_ENDED, Predicate, Windows
 from cgguard._support.patchset import PatchSet
@@ -195,7 +195,7 @@ class Entry:
 
     def undo(self) -> None:
         self.undone = True
-        importhook.cancel(self.module_name, self.apply)
+        _boot.cancel(self.module_name, self.apply)
         if self.predicate is not None:
             windows = self.windows
             windows.predicates = tuple(p for p in windows.predicates if p is not self.predicate)
@@ -372,14 +372,14 @@ class WindowRegistry:
         is (never importing it)."""
         made = Entry(entry, self, windows, **how)
         module = sys.modules.get(made.module_name)
-        if module is not None and importhook.is_initializing(module):
+        if module is not None and _boot.is_initializing(module):
             # Being imported now (its own import of torch activated cgguard, say): resolved
             # once it has run to its end, with every name it defines.
-            importhook.when_initialized(module, made.apply)
+            _boot.when_initialized(module, made.apply)
         elif module is not None:
             made.apply(module)
         else:
-            importhook.when_imported(made.module_name, made.apply)
+            _boot.when_imported(made.module_name, made.apply)
         return made
 
     def declare(self, entries: tuple[str, ...]) -> None:

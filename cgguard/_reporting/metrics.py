@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import Any
 
-from cgguard._boot import importhook
+from cgguard import _boot
 from cgguard._support.warn import warn_once
 
 
@@ -100,8 +100,8 @@ class Prometheus:
             return
         module = sys.modules.get(MODULE)
         if module is None:
-            importhook.when_imported(MODULE, self.on_import)
-        elif not importhook.is_initializing(module):
+            _boot.when_imported(MODULE, self.on_import)
+        elif not _boot.is_initializing(module):
             self._start()
 
     def unwant(self) -> None:
@@ -109,7 +109,7 @@ class Prometheus:
         in prometheus_client's registry, which has no way to take them back that a server's
         collector would follow)."""
         self.wanted = False
-        importhook.cancel(MODULE, self.on_import)
+        _boot.cancel(MODULE, self.on_import)
 
     def on_import(self, module: object) -> None:
         """The program imported prometheus_client: cgguard's counters go in its registry now."""
@@ -137,7 +137,7 @@ class Prometheus:
             if _registered or self.failed:
                 return _registered[0] if _registered else None
             # Importing it below would fire the hook on this thread, under this lock.
-            importhook.cancel(MODULE, self.on_import)
+            _boot.cancel(MODULE, self.on_import)
             try:
                 import prometheus_client
 
