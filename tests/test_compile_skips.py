@@ -103,6 +103,46 @@ def test_uninstall_gives_torch_plain_counters_back(fake_utils: types.ModuleType)
     assert dict(counters["inductor"]) == {"fxgraph_cache_miss": 1, "cudagraph_skips": 1}
 
 
+def test_a_copy_keeps_the_counts_and_counts_where_torch_puts_it_back(
+    fake_utils: types.ModuleType,
+) -> None:
+    """torch copies the "inductor" counters and may put the copy in their place: the copy holds
+    torch's counts, and a skip bumped on it is counted."""
+    counters: Any = fake_utils.counters
+    copied = counters["inductor"].copy()
+    assert dict(copied) == {"fxgraph_cache_miss": 1}
+    counters["inductor"] = copied
+    counters["inductor"]["cudagraph_skips"] += 1
+    assert [count for _, count, _, _ in skips()] == [1]
+
+
+def test_torchs_own_lazy_init_leaves_its_counters_whole_and_counting() -> None:
+    """torch's ``init_once_fakemode`` (inductor's pattern passes) copies the "inductor" counters
+    and puts the copy back: torch's counts survive it, and a later skip, bumped by torch's own
+    logging function, is counted rather than failing the user's compile."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
+    from torch._inductor.pattern_matcher import init_once_fakemode
+
+    cgguard.install(cgguard.Config(log_file=os.devnull))
+    counters.clear()
+    try:
+        counters["inductor"]["fxgraph_cache_miss"] += 2
+
+        @init_once_fakemode
+        def lazy_init() -> None:
+            return None
+
+        lazy_init()
+        assert dict(counters["inductor"]) == {"fxgraph_cache_miss": 2}
+        message = "skipping cudagraphs due to mutated inputs (1 instances)"
+        log_cudagraph_skip_and_bump_counter(message)
+        assert dict(counters["inductor"]) == {"fxgraph_cache_miss": 2, "cudagraph_skips": 1}
+        assert [(reason, count) for reason, count, _, _ in skips()] == [("mutated inputs", 1)]
+    finally:
+        counters.clear()
+
+
 def test_the_counting_counters_pickle_as_torchs_own(fake_utils: types.ModuleType) -> None:
     """Pickled, the "inductor" counters are a plain Counter with torch's counts."""
     import pickle

@@ -54,6 +54,12 @@ class CountingCounter(collections.Counter[str]):
         if isinstance(value, int) and value > before:
             self.skips.skipped(sys._getframe(1), value - before)
 
+    def copy(self) -> CountingCounter:
+        # Counter.copy() is ``self.__class__(self)``, which would take the counts for ``skips``.
+        # torch copies these counters and may put the copy back in their place
+        # (torch/_inductor/pattern_matcher.py, init_once_fakemode): the copy counts too.
+        return CountingCounter(self.skips, self)
+
     def __reduce__(self) -> tuple[type[collections.Counter[str]], tuple[dict[str, int]]]:
         # Pickled (torch's compile workers, its metrics) as the plain Counter torch made: a
         # process without cgguard reads it.
