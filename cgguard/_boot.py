@@ -79,12 +79,19 @@ def activate(origin: str, *, default: bool = False) -> bool:
         return False
 
 
-# The post-import hook. The registry is read by whichever thread imports a watched module, and
-# written by install(), uninstall() and follow_flag() on any thread: it is kept under a lock, and
-# callbacks run outside it, since a callback may import, and so re-enter the finder.
+# The post-import hook. The registries are read by whichever thread imports a watched module,
+# and written by install(), uninstall() and follow_flag() on any thread: they are kept under a
+# lock, and callbacks run outside it, since a callback may import, and so re-enter the finder.
 
 _lock = _thread.allocate_lock()
+# Called once, at the module's next import.
 _callbacks: "dict[str, list[Hook]]" = {}
+# Called after every later execution of the module: importlib.reload(), or an import after it
+# left sys.modules. Kept until cancelled.
+_reloads: "dict[str, list[Hook]]" = {}
+# Called once the import executing the module now has finished: its spec, swapped once for
+# one that sees the end, and the hooks waiting for it.
+_finishing: "dict[str, tuple[Any, list[Callable[[ModuleType], object]]]]" = {}
 
 
 class _PostImportFinder:
@@ -96,7 +103,7 @@ class _PostImportFinder:
         path: "Sequence[str] | None" = None,
         target: "ModuleType | None" = None,
     ) -> "ModuleSpec | None":
-        if not _callbacks.get(fullname):
+        if not (_callbacks.get(fullname) or _reloads.get(fullname)):
             return None
         spec: ModuleSpec | None = None
         for finder in sys.meta_path:
@@ -136,8 +143,19 @@ def when_imported(name: str, hook: "Hook") -> None:
     when it fires. Only registers: a caller that wants "now, if already imported" checks
     sys.modules itself.
     """
+    _register(_callbacks, name, hook)
+
+
+def when_reloaded(name: str, hook: "Hook") -> None:
+    """Call ``hook(module)`` after every later execution of ``name``'s code: an
+    ``importlib.reload()`` (the module object stays, its names are new), or an import after
+    the module left sys.modules. Until cancel()."""
+    _register(_reloads, name, hook)
+
+
+def _register(registry: "dict[str, list[Hook]]", name: str, hook: "Hook") -> None:
     with _lock:
-        pending = _callbacks.setdefault(name, [])
+        pending = registry.setdefault(name, [])
         if hook not in pending:
             pending.append(hook)
         if _finder not in sys.meta_path:
@@ -151,51 +169,85 @@ def is_initializing(module: "ModuleType") -> bool:
 
 
 def when_initialized(module: "ModuleType", hook: "Callable[[ModuleType], object]") -> None:
-    """Call ``hook(module)`` once the import executing ``module`` now has finished.
+    """Call ``hook(module)`` once the import executing ``module`` now has finished; a hook
+    already waiting for it is not added twice.
 
     The import system marks the end on the module's spec (``spec._initializing = False``, in
-    a ``finally``), so the spec's class is swapped for one that sees that assignment: nothing
-    else is changed, and the spec is its own class again at once. A failed import calls no
-    hook: the module is no longer in sys.modules then.
+    a ``finally``), so the spec's class is swapped, once however many hooks wait, for one that
+    sees that assignment: nothing else is changed, and the spec is its own class again at
+    once. A failed import calls no hook: the module is no longer in sys.modules then.
     """
+    name = module.__name__
     spec: Any = module.__spec__
-    base: Any = type(spec)
+    with _lock:
+        waiting = _finishing.get(name)
+        if waiting is not None and waiting[0] is spec:
+            if hook not in waiting[1]:
+                waiting[1].append(hook)
+            return
+        _finishing[name] = (spec, [hook])
+        spec.__class__ = _finishing_class(type(spec))
+    if not getattr(spec, "_initializing", False):
+        # The import finished before the swap took: the end is marked again, for the hooks.
+        spec._initializing = False
+
+
+def _finishing_class(base: "Any") -> "Any":
+    """A subclass of the spec's class that, at the end of the import, restores the spec's
+    own class and calls the hooks waiting for it."""
 
     class _Finishing(base):  # type: ignore[misc]  # importlib's ModuleSpec, whatever it is
-        def __setattr__(self, name: str, value: object) -> None:
-            base.__setattr__(self, name, value)
-            if name == "_initializing" and not value:
+        def __setattr__(self, attr: str, value: object) -> None:
+            base.__setattr__(self, attr, value)
+            if attr == "_initializing" and not value:
                 self.__class__ = base
-                if sys.modules.get(module.__name__) is module:
-                    try:
-                        hook(module)
-                    except Exception as exc:
-                        _warn(
-                            f"hook:{module.__name__}",
-                            f"error after importing {module.__name__}, ignored: {exc!r}",
-                        )
+                _finished(self)
 
-    spec.__class__ = _Finishing
+    return _Finishing
+
+
+def _finished(spec: "Any") -> None:
+    name = spec.name
+    with _lock:
+        waiting = _finishing.get(name)
+        hooks = waiting[1] if waiting is not None and waiting[0] is spec else []
+        if hooks:
+            del _finishing[name]
+    module = sys.modules.get(name)
+    if module is None or getattr(module, "__spec__", None) is not spec:
+        return  # a failed import: no module to call back with
+    for hook in hooks:
+        try:
+            hook(module)
+        except Exception as exc:
+            _warn(f"hook:{name}", f"error after importing {name}, ignored: {exc!r}")
 
 
 def cancel(name: str, hook: "Hook") -> None:
-    """Forget a hook registered with when_imported(), if it has not run yet."""
+    """Forget a hook registered with when_imported(), when_reloaded() or when_initialized(),
+    if it is still waiting."""
     with _lock:
-        pending = _callbacks.get(name, [])
-        if hook in pending:
-            pending.remove(hook)
+        for registry in (_callbacks, _reloads):
+            pending = registry.get(name, [])
+            if hook in pending:
+                pending.remove(hook)
+        waiting = _finishing.get(name)
+        if waiting is not None and hook in waiting[1]:
+            waiting[1].remove(hook)
         _retire_finder()
 
 
-def pending(name: str) -> "list[Hook]":
-    """The hooks still waiting for ``name``'s import."""
+def pending(name: str) -> "list[object]":
+    """The hooks still waiting for ``name``'s import, or for the import executing it now to
+    finish."""
     with _lock:
-        return list(_callbacks.get(name, []))
+        waiting = _finishing.get(name)
+        return [*_callbacks.get(name, []), *(waiting[1] if waiting is not None else [])]
 
 
 def _notify(name: str, module: "ModuleType") -> None:
     with _lock:
-        hooks = _callbacks.pop(name, [])
+        hooks = [*_callbacks.pop(name, []), *_reloads.get(name, [])]
         _retire_finder()
     for hook in hooks:
         # A hook's failure must not become the failure of the user's import.
@@ -216,7 +268,7 @@ def resolve(hook: str) -> "Callable[..., Any]":
 
 def _retire_finder() -> None:
     # With nothing left to wait for, every later import skips cgguard entirely. Under _lock.
-    if not any(_callbacks.values()) and _finder in sys.meta_path:
+    if not any(_callbacks.values()) and not any(_reloads.values()) and _finder in sys.meta_path:
         sys.meta_path.remove(_finder)
 
 

@@ -210,6 +210,64 @@ def test_a_module_imported_later_is_hooked_on_import(monkeypatch: pytest.MonkeyP
     assert hook not in _boot.pending(_compile_skips.MODULE)
 
 
+UTILS_BODY = """
+import builtins
+import collections
+
+counters = collections.defaultdict(collections.Counter)
+builtins.cgguard_utils_started.set()
+builtins.cgguard_utils_release.wait(60)
+LAST = "body ran to the end"
+"""
+
+
+def test_installs_while_another_thread_imports_the_module_leave_its_import_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """install(), again and again, while another thread is inside the import of the module
+    whose counters the census hooks: the import finishes whole, its spec its own class, and
+    its counters are hooked once it has."""
+    import builtins
+    import importlib
+    import threading
+    from importlib.machinery import ModuleSpec
+
+    name = "cgguard_sample_dynamo_utils"
+    (tmp_path / f"{name}.py").write_text(UTILS_BODY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(_compile_skips, "MODULE", name)
+    monkeypatch.setattr(builtins, "cgguard_utils_started", threading.Event(), raising=False)
+    monkeypatch.setattr(builtins, "cgguard_utils_release", threading.Event(), raising=False)
+    failures: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:
+            failures.append(exc)
+
+    importer = threading.Thread(target=load)
+    importer.start()
+    try:
+        assert builtins.cgguard_utils_started.wait(60)  # type: ignore[attr-defined]
+        for _ in range(1200):
+            cgguard.install(cgguard.Config(log_file=os.devnull))
+    finally:
+        builtins.cgguard_utils_release.set()  # type: ignore[attr-defined]
+        importer.join(60)
+    try:
+        module = sys.modules[name]
+        assert (failures, module.LAST, type(module.__spec__)) == (
+            [],
+            "body ran to the end",
+            ModuleSpec,
+        )
+        assert type(module.counters["inductor"]) is _compile_skips.CountingCounter
+    finally:
+        cgguard.uninstall()
+        sys.modules.pop(name, None)
+
+
 @pytest.mark.skipif(not COUNTS_CPU_CUDAGRAPH_SKIPS, reason="torch counts no CPU cudagraph skip")
 def test_a_real_reduce_overhead_compile_on_cpu_shows_its_skip_reason_and_site() -> None:
     """torch.compile(mode="reduce-overhead") on a CPU tensor: inductor skips cudagraphs, and

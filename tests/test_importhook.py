@@ -57,6 +57,8 @@ def modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Modules
 def _clean_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
     """No callbacks pending, sys.meta_path restored and warnings unsaid, around each test."""
     monkeypatch.setattr(_boot, "_callbacks", {})
+    monkeypatch.setattr(_boot, "_reloads", {}, raising=False)
+    monkeypatch.setattr(_boot, "_finishing", {}, raising=False)
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.setattr(_warn, "_said", set())
 
@@ -206,6 +208,108 @@ def test_a_hook_named_by_string_is_imported_only_when_it_fires(modules: Modules)
     importlib.import_module(watched)
     assert [(watched, "body ran to the end")] == sys.modules[hooks].CALLS
     assert _boot.pending(watched) == []
+
+
+# A module that, while its own body runs, asks to be called back at the end of its import
+# HOOKS times, as install() does for a module being imported when it is called, once per
+# install(): each hook records the module's LAST value in CALLS.
+WAITING_BODY = """
+import sys
+from importlib.machinery import ModuleSpec
+
+from cgguard import _boot
+
+CALLS = []
+SPEC_CLASS_DURING = None
+
+
+def hook(n):
+    return lambda module: CALLS.append((n, getattr(module, "LAST", "<not yet>")))
+
+
+me = sys.modules[__name__]
+shared = hook("shared")
+for n in range(HOOKS):
+    _boot.when_initialized(me, hook(n))
+    _boot.when_initialized(me, shared)
+SPEC_CLASS_DURING = type(__spec__)
+LAST = "body ran to the end"
+"""
+
+
+@pytest.mark.parametrize("hooks", [1, 2, 3000])
+def test_hooks_waiting_for_an_import_to_finish_run_once_each_after_it(
+    modules: Modules, hooks: int
+) -> None:
+    """However many hooks wait for the end of a module's import (one per install() while it is
+    imported), each runs once after its body, the shared one once, and the spec is its own
+    class again: it was swapped once, never subclassed again."""
+    from importlib.machinery import ModuleSpec
+
+    name = modules.write(WAITING_BODY.replace("HOOKS", str(hooks)))
+    module = importlib.import_module(name)
+    assert [
+        *[(n, "body ran to the end") for n in range(min(hooks, 1))],
+        ("shared", "body ran to the end"),
+        *[(n, "body ran to the end") for n in range(1, hooks)],
+    ] == module.CALLS
+    assert type(module.__spec__) is ModuleSpec
+    assert module.SPEC_CLASS_DURING.__mro__[1] is ModuleSpec
+    assert _boot.pending(name) == []
+
+
+def test_a_hook_cancelled_while_waiting_for_the_end_does_not_run(modules: Modules) -> None:
+    """cancel() takes back a hook waiting for the end of an import under way."""
+    name = modules.write(
+        "import sys\n"
+        "from cgguard import _boot\n"
+        "CALLS = []\n"
+        "kept, dropped = CALLS.append, lambda module: CALLS.append('dropped')\n"
+        "_boot.when_initialized(sys.modules[__name__], kept)\n"
+        "_boot.when_initialized(sys.modules[__name__], dropped)\n"
+        "_boot.cancel(__name__, dropped)\n"
+    )
+    module = importlib.import_module(name)
+    assert [module] == module.CALLS
+
+
+def test_a_failed_import_runs_no_hook_waiting_for_its_end(modules: Modules) -> None:
+    """The import fails after hooks were registered: none runs, and none is left waiting."""
+    name = modules.write(
+        "import sys\n"
+        "from cgguard import _boot\n"
+        "import builtins\n"
+        "builtins.cgguard_waiting_calls = []\n"
+        "_boot.when_initialized(sys.modules[__name__], builtins.cgguard_waiting_calls.append)\n"
+        "raise ValueError('the module fails')\n"
+    )
+    import builtins
+
+    try:
+        with pytest.raises(ValueError, match="the module fails"):
+            importlib.import_module(name)
+        assert (builtins.cgguard_waiting_calls, _boot.pending(name)) == ([], [])  # type: ignore[attr-defined]
+    finally:
+        del builtins.cgguard_waiting_calls  # type: ignore[attr-defined]
+
+
+def test_reload_hooks_run_after_each_reload_until_cancelled(modules: Modules) -> None:
+    """when_reloaded(): called after each importlib.reload() of the module, with the same module
+    object and its new names, not at the import before it was registered; cancel() stops it."""
+    name = modules.write(BODY)
+    module = importlib.import_module(name)
+    calls: list[tuple[ModuleType, object]] = []
+    callback = recorder(calls)
+    _boot.when_reloaded(name, callback)
+    (modules.folder / f"{name}.py").write_text(BODY.replace("body ran", "reloaded body ran"))
+    importlib.invalidate_caches()
+    sys.modules[name].__dict__.pop("__cached__", None)
+    importlib.reload(module)
+    importlib.reload(module)
+    _boot.cancel(name, callback)
+    importlib.reload(module)
+    assert calls == [(module, "reloaded body ran to the end")] * 2
+    assert _boot._finder not in sys.meta_path
 
 
 def test_start_up_imports_the_standard_library_alone() -> None:
