@@ -6,6 +6,9 @@ as a framework's model runner is imported after cgguard's activation.
 
 from __future__ import annotations
 
+import asyncio
+import importlib
+import inspect
 import os
 import subprocess
 import sys
@@ -16,7 +19,9 @@ import pytest
 from helpers import DEFAULT_CONFIGURATION, SourceFile, clean_environ
 
 import cgguard
-from cgguard._gate.windows import WindowInfo
+import cgguard._gate.windows
+from cgguard._gate.flags import Windows
+from cgguard._gate.windows import WindowInfo, WindowRegistry
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -53,6 +58,18 @@ class Runner:
         if then is not None:
             then()
         return torch.is_inference_mode_enabled()
+
+
+    @property
+    def capturing(self):
+        return False
+
+
+class Slotted:
+    __slots__ = ("active",)
+
+
+EVENT = threading.Event()
 
 
 class EncoderRunner(Runner):
@@ -330,6 +347,40 @@ def test_bad_entries_warn_once_and_the_others_apply(
     )
 
 
+def test_entries_no_window_can_honour_are_refused_not_taken_for_another_kind(
+    fw: Path, cuda: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A property or a slot of a class, and a module attribute whose value is true whatever
+    its state (an Event, a module): each refused with one warning line and shown unresolved,
+    rather than watched as a predicate that is always true, which lets every capture pass."""
+    entries = ("fw.runner:Runner.capturing", "fw.runner:Slotted.active", "fw.runner:EVENT")
+    entries += ("fw.runner:threading", WINDOW)
+    cgguard.install(cgguard.Config(windows=entries, log_file=os.devnull))
+    runner, plugin = modules()
+    runner.start_server()
+    refusal(plugin.serve)
+    lines = capsys.readouterr().err.splitlines()
+    true = (
+        "is true whatever its state, so the window would never close; a module attribute window "
+        "names a value that is true while captures belong (a bool, a number, a container, or "
+        f"None while not); an entry is {SYNTAX}"
+    )
+    assert (
+        [
+            "cgguard: ignoring the capture window 'fw.runner:Runner.capturing': it names a "
+            "property of a class, a value each instance has, not one cgguard can read; an entry "
+            f"is {SYNTAX}",
+            "cgguard: ignoring the capture window 'fw.runner:Slotted.active': it names a "
+            "member_descriptor of a class, a value each instance has, not one cgguard can read; "
+            f"an entry is {SYNTAX}",
+            f"cgguard: ignoring the capture window 'fw.runner:EVENT': its value, an Event, {true}",
+            f"cgguard: ignoring the capture window 'fw.runner:threading': its value, a module, "
+            f"{true}",
+        ],
+        [(None, "not resolved")] * 4 + [("function", "watched")],
+    ) == (lines, [(info.kind, info.state) for info in cgguard.status().windows])
+
+
 def test_status_shows_each_window_as_it_is(fw: Path, cuda: None) -> None:
     """status().windows: waiting before the import, then what each names; no followed flag."""
     entries = (WINDOW, "fw.runner:FLAG", "fw.runner:Missing")
@@ -485,3 +536,236 @@ def test_a_window_state_that_cannot_be_read_counts_as_inside(
     assert capsys.readouterr().err == (
         "cgguard: cannot read the capture window fw.runner:FLAG: RuntimeError('no truth')\n"
     )
+
+
+# Generators and coroutines: their bodies run after the call returns, a step at a time.
+
+STEPS = """\
+import asyncio
+import importlib
+import contextlib
+
+from fw.runner import capture
+
+
+def generate(n):
+    for i in range(n):
+        capture()  # @generate
+        yield i
+
+
+def made(n):
+    # A plain function returning a generator: its body runs once iterated.
+    return generate.__wrapped__(n) if hasattr(generate, "__wrapped__") else generate(n)
+
+
+async def warm_up():
+    await asyncio.sleep(0)  # @warm-up-waits
+    capture()
+    return "warm"
+
+
+async def agenerate(n):
+    for i in range(n):
+        await asyncio.sleep(0)
+        capture()
+        yield i
+
+
+@contextlib.asynccontextmanager
+async def opening():
+    yield "body"
+
+
+def cleaning(seen):
+    try:
+        while True:
+            try:
+                yield
+            except ValueError as exc:
+                seen.append(f"thrown {exc}")
+    finally:
+        capture()
+        seen.append("closed")
+"""
+
+SUSPENDED = "was suspended (a yield or an await)."
+
+
+@pytest.fixture
+def steps(fw: Path) -> Path:
+    (fw / "steps.py").write_text(STEPS)
+    return fw / "steps.py"
+
+
+def test_a_generator_window_is_open_while_its_body_runs_and_closed_between_steps(
+    steps: Path, cuda: None
+) -> None:
+    """A generator function stays one, and its window is open while its body runs: a capture
+    there passes; one by its caller between two steps is refused, blamed on the step that gave
+    way; after its end, on its return."""
+    cgguard.install(cgguard.Config(windows="fw.steps:generate"))
+    import fw.steps  # type: ignore[import-not-found]
+
+    _, plugin = modules()
+    counted = fw.steps.generate(2)
+    plugin.serve()  # made, not yet run: no window entered
+    first = next(counted)  # @generator-steps
+    between = refusal(plugin.serve)
+    rest = list(counted)  # @generator-ends
+    after = refusal(plugin.serve)
+    here = SourceFile(__file__)
+    name = "test_a_generator_window_is_open_while_its_body_runs_and_closed_between_steps"
+    assert (
+        True,
+        0,
+        (here.frame("@generator-steps", name), f"fw.steps:generate {SUSPENDED}"),
+        [1],
+        (here.frame("@generator-ends", name), "fw.steps:generate returned."),
+    ) == (
+        inspect.isgeneratorfunction(fw.steps.generate),
+        first,
+        (between.event["disabled_stack"][-1], str(between).rpartition("capture window ")[2]),
+        rest,
+        (after.event["disabled_stack"][-1], str(after).rpartition("capture window ")[2]),
+    )
+
+
+def test_a_generator_made_by_a_plain_window_function_runs_inside(steps: Path, cuda: None) -> None:
+    """A window function that returns a generator without being a generator function: the
+    generator's body runs inside the window still."""
+    cgguard.install(cgguard.Config(windows="fw.steps:made"))
+    import fw.steps
+
+    _, plugin = modules()
+    made = fw.steps.made(3)
+    values = list(made)
+    refused = refusal(plugin.serve)
+    assert (values, str(refused).endswith("fw.steps:made returned.")) == ([0, 1, 2], True)
+
+
+def test_a_coroutine_window_is_open_while_the_coroutine_runs(steps: Path, cuda: None) -> None:
+    """An async def window stays one, and is open while its body runs: its capture after an
+    await passes; another task's capture while it waits at that await is refused."""
+    cgguard.install(cgguard.Config(windows="fw.steps:warm_up"))
+    import fw.steps
+
+    _, plugin = modules()
+    refused: list[str] = []
+
+    async def elsewhere() -> None:
+        try:
+            plugin.serve()
+        except cgguard.CaptureDisabledError as exc:
+            refused.append(str(exc).rpartition("capture window ")[2])
+
+    async def serve() -> str:
+        task = asyncio.get_running_loop().create_task(elsewhere())
+        warm: str = await fw.steps.warm_up()
+        await task
+        return warm
+
+    assert (True, "warm", [f"fw.steps:warm_up {SUSPENDED}"]) == (
+        inspect.iscoroutinefunction(fw.steps.warm_up),
+        asyncio.run(serve()),
+        refused,
+    )
+
+
+def test_an_async_generator_window_is_open_while_its_body_runs(steps: Path, cuda: None) -> None:
+    """An async generator window stays one: captures in its body pass at every step; its
+    consumer's captures between the steps are refused, blamed on the suspension."""
+    cgguard.install(cgguard.Config(windows="fw.steps:agenerate"))
+    import fw.steps
+
+    _, plugin = modules()
+
+    async def consume() -> tuple[list[int], list[str]]:
+        items: list[int] = []
+        refused: list[str] = []
+        async for item in fw.steps.agenerate(2):
+            items.append(item)
+            try:
+                plugin.serve()
+            except cgguard.CaptureDisabledError as exc:
+                refused.append(str(exc).rpartition("capture window ")[2])
+        return items, refused
+
+    assert (True, ([0, 1], [f"fw.steps:agenerate {SUSPENDED}"] * 2)) == (
+        inspect.isasyncgenfunction(fw.steps.agenerate),
+        asyncio.run(consume()),
+    )
+
+
+def test_an_async_context_window_is_open_in_its_async_with_body(steps: Path) -> None:
+    """A context window's function that returns an async context manager: ``async with`` works
+    through the wrapper, and the window is open in its body only."""
+    import fw.steps
+
+    registry = WindowRegistry([])
+    windows = Windows()
+    entry = registry.entry("fw.steps:opening", windows, context=True)
+
+    async def use() -> tuple[str, bool]:
+        async with fw.steps.opening() as body:
+            inside = windows.enabled()
+        return body, inside
+
+    used = asyncio.run(use())
+    after = (windows.enabled(), windows.closed[1] if windows.closed else None)
+    entry.undo()
+    assert (used, after) == (("body", True), (False, "with ended"))
+
+
+def test_what_a_generator_window_is_sent_thrown_and_closed_with_reaches_its_body(
+    steps: Path, cuda: None
+) -> None:
+    """throw() goes on into the body as yield from's would; close() runs its finally blocks
+    inside the window, where its capture passes."""
+    cgguard.install(cgguard.Config(windows="fw.steps:cleaning"))
+    import fw.steps
+
+    _, plugin = modules()
+    seen: list[str] = []
+    cleaning = fw.steps.cleaning(seen)
+    next(cleaning)
+    cleaning.throw(ValueError("in"))
+    cleaning.close()
+    refused = refusal(plugin.serve)
+    assert (
+        seen,
+        str(refused).rpartition("capture window ")[2],
+    ) == (["thrown in", "closed"], "fw.steps:cleaning returned.")
+
+
+@pytest.mark.parametrize(
+    ("entry", "call"),
+    [
+        (WINDOW, lambda runner: runner.start_server()),
+        ("fw.runner:helper", lambda runner: runner.helper()),
+    ],
+    ids=["method", "module function"],
+)
+def test_a_reload_of_the_windows_module_makes_its_new_function_the_window(
+    fw: Path, cuda: None, entry: str, call: Any
+) -> None:
+    """importlib.reload() defines the module's names anew (a new class, a new function): the
+    entry is resolved again, so that the new function is the window as the old one was, and
+    uninstall() puts back the new one."""
+    cgguard.install(cgguard.Config(windows=entry))
+    runner, plugin = modules()
+    call(runner)
+    refusal(plugin.serve)  # the window has closed
+    reloaded = importlib.reload(runner)
+    call(reloaded)  # its captures are inside the window
+    closed = str(refusal(plugin.serve)).rpartition("capture window ")[2]
+    windows = cgguard.status().windows
+    cgguard.uninstall()
+    owner = reloaded.Runner if entry == WINDOW else reloaded
+    name = entry.rpartition(".")[2].rpartition(":")[2]
+    put_back = vars(owner)[name]
+    assert (
+        f"{entry} returned.",
+        (WindowInfo(entry, "function", "watched"),),
+        False,
+    ) == (closed, windows, put_back.__code__.co_filename == cgguard._gate.windows.__file__)

@@ -128,6 +128,8 @@ class Windows:
             return f", where the capture window {entry} returned"
         if what == WITH_ENDED:
             return f", where the with statement of the capture window {entry} ended"
+        if what == SUSPENDED:
+            return f", where the capture window {entry} was suspended (a yield or an await)"
         return f", the last capture seen inside the capture window {entry}"
 
     def enter_first(self) -> None:
@@ -138,7 +140,8 @@ class Windows:
 
     def close(self, entry: str, caller: FrameType, what: str = "") -> None:
         """The last call of a window function under way returned to ``caller``, or raised;
-        or (``what`` WITH_ENDED) the last ``with`` body of a context window ended there."""
+        or (``what`` WITH_ENDED) the last ``with`` body of a context window ended there; or
+        (``what`` SUSPENDED) the last generator or coroutine running one gave way to it."""
         self.closed = (entry, what or RETURNED, snapshot_from(caller))
 
     def enabled(self, stack: Snapshot | LiveStack | None = None) -> bool:
@@ -195,6 +198,7 @@ class Windows:
 
 RETURNED = "returned"
 WITH_ENDED = "with ended"
+SUSPENDED = "suspended"  # a generator's or a coroutine's window, at a yield or an await
 SEEN_INSIDE = "seen inside"
 
 

@@ -13,20 +13,22 @@ cgguard._gate.flags.Windows; this module resolves entries and puts the wrappers 
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 import threading
 from _thread import get_ident
 from contextvars import ContextVar
+from types import AsyncGeneratorType, CoroutineType, GeneratorType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cgguard import _boot
 from cgguard._config.settings import WINDOW_SYNTAX, shown
-from cgguard._gate.flags import WITH_ENDED, Predicate, Windows
+from cgguard._gate.flags import RETURNED, SUSPENDED, WITH_ENDED, Predicate, Windows
 from cgguard._support.patchset import PatchSet
 from cgguard._support.warn import warn_once
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import AsyncGenerator, Callable, Generator
     from types import FrameType, ModuleType
 
     from cgguard._gate.flags import FlagSource
@@ -81,12 +83,21 @@ class Entry:
         # The calling thread's id per call of this window's function under way.
         self.calls: list[int] = []
         self.predicate: Predicate | None = None
-        self.hook: _Hook | None = None
+        # The wrappers that open it: one, or after a reload of its module also those on the
+        # functions the reload replaced, which objects made before it still call.
+        self.hooks: list[_Hook] = []
         self.undone = False
 
     def apply(self, module: ModuleType) -> None:
+        """Resolve the entry in ``module``, now imported; again after each reload of it, whose
+        names are new (a new class, a new function) in the module object that was."""
         if self.undone:
             return  # undone while its module was still being imported
+        if self.resolved:
+            self._unwatch()
+            self.kind, self.absent = None, False
+        else:
+            _boot.when_reloaded(self.module_name, self.apply)
         try:
             problem = self._resolve(module)
         except Exception as exc:  # an attribute whose own lookup fails
@@ -115,35 +126,40 @@ class Entry:
             # Per thread: the attribute may be unset on this one, and is read on each.
             self._watch("thread-local attribute", functools.partial(getattr, owner, name, False))
             return None
-        in_class = isinstance(owner, type)
-        # On a class, the attribute as the class holds it (a staticmethod stays one), its own
-        # or the one it inherits: a subclass's override is a window entry of its own.
-        raw = (
-            next((vars(k)[name] for k in owner.__mro__ if name in vars(k)), _MISSING)
-            if in_class
-            else _MISSING
-        )
         value = getattr(owner, name, _MISSING)
         if value is _MISSING:
             return f"{getattr(owner, '__name__', shown(owner))} has no {name!r}"
+        problem = _unwatchable(value, in_class=isinstance(owner, type))
+        if problem is not None:
+            return problem
         if isinstance(value, ContextVar):
             var: ContextVar[object] = value
             self._watch("ContextVar", functools.partial(var.get, None))
-        elif isinstance(value, type):
-            return "it names a class; a function window names a function or method"
         elif callable(value):
-            hooks = self.registry.hooks
-            hook = hooks.get((id(owner), name))
-            if hook is None or not hook.patches.holds(owner, name):
-                found = raw if raw is not _MISSING else value
-                hook = _Hook(hooks, owner, name, found, in_class=in_class)
-                hooks[(id(owner), name)] = hook
-            hook.add(self)
-            self.hook = hook
-            self.kind = FUNCTION
+            self._wrap(owner, name, value)
         else:
             self._watch("module attribute", functools.partial(getattr, owner, name, False))
         return None
+
+    def _wrap(self, owner: Any, name: str, value: object) -> None:
+        """Make ``owner.name``, a callable, a window function, through its one wrapper."""
+        in_class = isinstance(owner, type)
+        # On a class, the attribute as the class holds it (a staticmethod stays one), its own
+        # or the one it inherits: a subclass's override is a window entry of its own.
+        found = (
+            next((vars(k)[name] for k in owner.__mro__ if name in vars(k)), value)
+            if in_class
+            else value
+        )
+        hooks = self.registry.hooks
+        hook = hooks.get((id(owner), name))
+        if hook is None or not hook.patches.holds(owner, name):
+            hook = _Hook(hooks, owner, name, found, in_class=in_class)
+            hooks[(id(owner), name)] = hook
+        hook.add(self)
+        if hook not in self.hooks:
+            self.hooks.append(hook)
+        self.kind = FUNCTION
 
     def _read_by(self, reader: Reader, module: ModuleType) -> str | None:
         found = reader(module)
@@ -169,7 +185,8 @@ class Entry:
 
     def returned(self, me: int, caller: FrameType, what: str = "") -> None:
         """That call returned to ``caller``, or raised; or (``what`` WITH_ENDED) the ``with`` body
-        of a context window ended there."""
+        of a context window ended there; or (``what`` SUSPENDED) the generator or coroutine
+        running it gave way to ``caller``."""
         windows = self.windows
         try:
             self.calls.remove(me)
@@ -183,11 +200,13 @@ class Entry:
         """The last call under way of these windows returned: they close at its caller."""
         windows = self.windows
         closed = windows.closed
-        # Called in a loop, from the line that closed them last: that stack holds.
+        what = what or RETURNED
+        # Called in a loop, closed the same way from the line that closed them last: that
+        # stack holds.
         if (
-            what
-            or closed is None
+            closed is None
             or closed[0] is not self.entry
+            or closed[1] is not what
             or closed[2][0] is not caller.f_code
             or closed[2][1] != caller.f_lasti
         ):
@@ -196,13 +215,16 @@ class Entry:
     def undo(self) -> None:
         self.undone = True
         _boot.cancel(self.module_name, self.apply)
+        self._unwatch()
+        for hook in self.hooks:
+            hook.drop(self)
+        self.hooks.clear()
+
+    def _unwatch(self) -> None:
         if self.predicate is not None:
             windows = self.windows
             windows.predicates = tuple(p for p in windows.predicates if p is not self.predicate)
             self.predicate = None
-        if self.hook is not None:
-            self.hook.drop(self)
-            self.hook = None
 
     def info(self) -> WindowInfo:
         if not self.resolved:
@@ -213,6 +235,37 @@ class Entry:
             return WindowInfo(self.entry, None, "not resolved")
         state = "open" if self.calls else "watched"
         return WindowInfo(self.entry, self.kind, state)
+
+
+def _unwatchable(value: object, *, in_class: bool) -> str | None:
+    """Why ``value``, what an entry names, is no window of any kind, or None."""
+    if isinstance(value, type):
+        return "it names a class; a function window names a function or method"
+    if in_class and not callable(value) and hasattr(type(value), "__get__"):
+        # A property, a cached_property, a slot: each instance's value, where the class holds
+        # only the descriptor, an object that is always true.
+        return (
+            f"it names a {type(value).__name__} of a class, a value each instance has, not one "
+            "cgguard can read"
+        )
+    if not callable(value) and not isinstance(value, ContextVar) and _always_true(value):
+        return (
+            f"its value, {_a(type(value).__name__)}, is true whatever its state, so the window "
+            "would never close; a module attribute window names a value that is true while "
+            "captures belong (a bool, a number, a container, or None while not)"
+        )
+    return None
+
+
+def _always_true(value: object) -> bool:
+    """Whether ``value``'s truth can never change: an object whose type defines neither
+    __bool__ nor __len__ is true, whatever becomes of it (a module, a threading.Event)."""
+    kind = type(value)
+    return value is not None and not hasattr(kind, "__bool__") and not hasattr(kind, "__len__")
+
+
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[:1].lower() in "aeiou" else f"a {noun}"
 
 
 class _Hook:
@@ -233,10 +286,14 @@ class _Hook:
         self.key = (id(owner), name)
         self.calling: tuple[Entry, ...] = ()  # open while the function runs
         self.opening: tuple[Entry, ...] = ()  # open in the ``with`` body of what it returns
-        self.patches = PatchSet()
+        # Put back only while still in place: a reload of the module may have replaced the
+        # wrapper since, with a function of its own that another wrapper now opens.
+        self.patches = PatchSet(keep_newer=True)
         self.patches.replace(owner, name, self._wrapped(found, in_class=in_class))
 
     def add(self, entry: Entry) -> None:
+        if entry in self.entries():
+            return  # resolved again, its module reloaded: the function as it was
         if entry.context:
             self.opening = (*self.opening, entry)
         else:
@@ -258,54 +315,216 @@ class _Hook:
         if isinstance(found, (staticmethod, classmethod)):
             return type(found)(self._wrapped(found.__func__, in_class=False))
         hook = self
-
-        # A plain function, not a wrapt wrapper: it binds as the method it replaces, and costs
-        # a fraction of wrapt's call protocol on every call (benchmarks/window_overhead.py).
-        @functools.wraps(found)
-        def window(*args: Any, **kwargs: Any) -> Any:
-            calling, opening = hook.calling, hook.opening
-            if calling:
-                # Entry.opened and Entry.returned inline: this runs on every call.
-                me = get_ident()
-                for entry in calling:
-                    entry.calls.append(me)
-                    windows = entry.windows
-                    windows.calls.append(me)
-                    if not windows.entered:
-                        windows.enter_first()
-                try:
-                    result = found(*args, **kwargs)
-                finally:
-                    for entry in calling:
-                        windows = entry.windows
-                        calls = windows.calls
-                        try:
-                            entry.calls.remove(me)
-                            calls.remove(me)
-                        except ValueError:  # a call a forked child forgot
-                            continue
-                        if calls:
-                            continue
-                        caller = sys._getframe(1)
-                        closed = windows.closed
-                        # Called in a loop, from the line that closed them last: that holds.
-                        if (
-                            closed is None
-                            or closed[0] is not entry.entry
-                            or closed[2][0] is not caller.f_code
-                            or closed[2][1] != caller.f_lasti
-                        ):
-                            windows.close(entry.entry, caller)
-            else:
-                result = found(*args, **kwargs)
-            # A function returning a context manager: its ``with`` body is the window (the
-            # call itself only builds the manager, ``contextlib.contextmanager``'s).
-            return _Opening(result, opening) if opening else result
-
+        # A generator's, a coroutine's or an async generator's body runs after the call has
+        # returned it, a step at a time: their wrappers are of the same kind, so that inspect
+        # and asyncio take them for what they wrap, and open the windows at each step.
+        if inspect.isasyncgenfunction(found):
+            window: Any = _async_generator_window(hook, found)
+        elif inspect.iscoroutinefunction(found):
+            window = _coroutine_window(hook, found)
+        elif inspect.isgeneratorfunction(found):
+            window = _generator_window(hook, found)
+        else:
+            window = _function_window(hook, found)
         if in_class and not hasattr(found, "__get__"):
             # A callable object a class keeps as it is (no method binding): kept unbound.
             return staticmethod(window)
         return window
+
+
+def _function_window(hook: _Hook, found: Any) -> Callable[..., Any]:
+    """The wrapper of a plain function: the windows are open while the call runs."""
+
+    # A plain function, not a wrapt wrapper: it binds as the method it replaces, and costs
+    # a fraction of wrapt's call protocol on every call (benchmarks/window_overhead.py).
+    @functools.wraps(found)
+    def window(*args: Any, **kwargs: Any) -> Any:
+        calling, opening = hook.calling, hook.opening
+        if calling:
+            # Entry.opened and Entry.returned inline: this runs on every call.
+            me = get_ident()
+            for entry in calling:
+                entry.calls.append(me)
+                windows = entry.windows
+                windows.calls.append(me)
+                if not windows.entered:
+                    windows.enter_first()
+            try:
+                result = found(*args, **kwargs)
+            finally:
+                for entry in calling:
+                    windows = entry.windows
+                    calls = windows.calls
+                    try:
+                        entry.calls.remove(me)
+                        calls.remove(me)
+                    except ValueError:  # a call a forked child forgot
+                        continue
+                    if calls:
+                        continue
+                    caller = sys._getframe(1)
+                    closed = windows.closed
+                    # Called in a loop, from the line that closed them last: that holds.
+                    if (
+                        closed is None
+                        or closed[0] is not entry.entry
+                        or closed[1] is not RETURNED
+                        or closed[2][0] is not caller.f_code
+                        or closed[2][1] != caller.f_lasti
+                    ):
+                        windows.close(entry.entry, caller)
+            # What only runs once returned: a generator or coroutine made by a function
+            # inspect cannot tell (a wrapper without __wrapped__, a compiled one).
+            if type(result) in _STEPPED:
+                return _stepped(hook, result)
+        else:
+            result = found(*args, **kwargs)
+        # A function returning a context manager: its ``with`` body is the window (the
+        # call itself only builds the manager, ``contextlib.contextmanager``'s).
+        return _Opening(result, opening) if opening else result
+
+    return window
+
+
+# What a call returns that runs the function's body later, a step at a time.
+_STEPPED = frozenset((GeneratorType, CoroutineType, AsyncGeneratorType))
+
+
+def _steps(
+    calling: tuple[Entry, ...], inner: Any, done: str = RETURNED
+) -> Generator[Any, Any, Any]:
+    """``yield from inner`` (PEP 380's expansion), with the windows ``calling`` open while each
+    step of ``inner`` runs, and closed at each of its yields: a suspended generator or
+    coroutine runs on no thread, and one never run to its end would hold them open for good.
+
+    Run by a generator, a coroutine or an async generator of its own (the window function's
+    wrapper): the frame that resumed that one is where the windows close. ``done`` is what
+    the end of ``inner`` is: its return, or (an async generator's ``asend``) its next yield.
+    """
+    send, throw = inner.send, inner.throw
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        me = get_ident()
+        for entry in calling:
+            entry.opened(me)
+        what = SUSPENDED
+        try:
+            yielded = send(value) if error is None else throw(error)
+        except StopIteration as stop:
+            what = done
+            return stop.value
+        except BaseException:
+            what = RETURNED
+            raise
+        finally:
+            error = None
+            _left(calling, me, what)
+        try:
+            value = yield yielded
+        except GeneratorExit:
+            # Closed before its end: what runs now (its finally blocks) runs inside too.
+            me = get_ident()
+            for entry in calling:
+                entry.opened(me)
+            try:
+                inner.close()
+            finally:
+                _left(calling, me, RETURNED)
+            raise
+        except BaseException as exc:  # thrown in: on into ``inner``, as ``yield from`` does
+            error = exc
+
+
+def _left(calling: tuple[Entry, ...], me: int, what: str) -> None:
+    """A step of ``_steps`` ended: the windows close where its wrapper was resumed from."""
+    wrapper = sys._getframe(2)  # _left, _steps, then the wrapper that runs _steps
+    caller = wrapper.f_back or wrapper  # none: resumed by C code alone (a thread's target)
+    for entry in calling:
+        entry.returned(me, caller, what)
+
+
+def _generator_window(hook: _Hook, found: Any) -> Callable[..., Generator[Any, Any, Any]]:
+    """The wrapper of a generator function: the windows are open while its body runs."""
+
+    @functools.wraps(found)
+    def window(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
+        inner = found(*args, **kwargs)
+        calling = hook.calling
+        if not calling:
+            return (yield from inner)
+        return (yield from _steps(calling, inner))
+
+    return window
+
+
+def _coroutine_window(hook: _Hook, found: Any) -> Callable[..., Any]:
+    """The wrapper of an ``async def`` function: the windows are open while its body runs."""
+
+    @functools.wraps(found)
+    async def window(*args: Any, **kwargs: Any) -> Any:
+        inner = found(*args, **kwargs)
+        calling = hook.calling
+        if not calling:
+            return await inner
+        return await _Awaited(calling, inner)
+
+    return window
+
+
+def _async_generator_window(hook: _Hook, found: Any) -> Callable[..., AsyncGenerator[Any, Any]]:
+    """The wrapper of an async generator function: the windows are open while its body runs,
+    a step (``asend``, ``athrow``, ``aclose``) at a time."""
+
+    @functools.wraps(found)
+    async def window(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
+        inner = found(*args, **kwargs)
+        calling = hook.calling
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            step = inner.asend(value) if error is None else inner.athrow(error)
+            error = None
+            try:
+                yielded = await _Awaited(calling, step, SUSPENDED)
+            except StopAsyncIteration:
+                return
+            try:
+                value = yield yielded
+            except GeneratorExit:
+                await _Awaited(calling, inner.aclose())
+                raise
+            except BaseException as exc:  # thrown in (athrow): on into ``inner``
+                error = exc
+
+    return window
+
+
+def _stepped(hook: _Hook, made: Any) -> Any:
+    """A generator, coroutine or async generator ``made`` by a window function that inspect
+    could not tell for one: the same kind, stepped inside the windows."""
+    kind = type(made)
+    if kind is GeneratorType:
+        return _generator_window(hook, lambda: made)()
+    if kind is CoroutineType:
+        return _coroutine_window(hook, lambda: made)()
+    return _async_generator_window(hook, lambda: made)()
+
+
+class _Awaited:
+    """``await inner`` with the windows open while each of its steps runs."""
+
+    __slots__ = ("_calling", "_done", "_inner")
+
+    def __init__(self, calling: tuple[Entry, ...], inner: Any, done: str = RETURNED) -> None:
+        self._calling = calling
+        self._inner = inner
+        self._done = done
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        # An asend/athrow/aclose awaitable is its own iterator; a coroutine's is its
+        # __await__(): either has send, throw and close, all _steps asks.
+        return _steps(self._calling, type(self._inner).__await__(self._inner), self._done)
 
 
 class _Opening:
@@ -331,6 +550,25 @@ class _Opening:
     def __exit__(self, *exc_info: object) -> Any:
         try:
             return self._manager.__exit__(*exc_info)
+        finally:
+            self._leave(sys._getframe(1))
+
+    # An async context manager's ``async with`` body is the window too, open on its thread
+    # from __aenter__ to __aexit__ (what the thread runs at the body's awaits included, as
+    # anything a ``with`` body calls is).
+    async def __aenter__(self) -> Any:
+        me = self._me = get_ident()
+        for entry in self._entries:
+            entry.opened(me)
+        try:
+            return await self._manager.__aenter__()
+        except BaseException:
+            self._leave(sys._getframe(1))
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> Any:
+        try:
+            return await self._manager.__aexit__(*exc_info)
         finally:
             self._leave(sys._getframe(1))
 
