@@ -19,7 +19,14 @@ import sys
 from typing import TYPE_CHECKING, Any, TextIO, TypedDict
 
 from cgguard._config.settings import shown as quoted
-from cgguard._data.census_merge import CensusMerge, counted, site_text, skip_text, slowest_text
+from cgguard._data.census_merge import (
+    CensusMerge,
+    counted,
+    place_text,
+    site_text,
+    skip_text,
+    slowest_text,
+)
 from cgguard._data.schema import RANK_KEYS, REPORT_SCHEMA, ReportDocument
 from cgguard._reporting.log import format_stacks
 from cgguard._rules.record import OUTCOMES
@@ -527,9 +534,7 @@ def _site_line(top: FrameInfo | None) -> str:
 
 def _place_line(entry: Mapping[str, Any]) -> str:
     """A census entry's place, as _site_line shows a site's frame."""
-    if entry["file"] is None:
-        return "an unknown site"
-    return safe(f"{entry['file']}:{entry['line']} (in {entry['function']})")
+    return place_text(entry)
 
 
 def _who(process: Process) -> str:

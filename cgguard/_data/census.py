@@ -13,6 +13,7 @@ device also reads the allocator's statistics once at each end, and is counted as
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import threading
@@ -27,12 +28,13 @@ from cgguard._rules.record import (
     OUTCOMES,
     REFUSED,
 )
+from cgguard._support.frames import frame_of, place_of
 
 if TYPE_CHECKING:
     from types import CodeType
 
     from cgguard._data.schema import CaptureEntry, SkipEntry
-    from cgguard._support.frames import FrameInfo
+    from cgguard._support.frames import FrameInfo, Place
 
     # What the allocator says of the current device: (its index, reserved bytes, allocated
     # bytes); None where there is no allocator to ask (a CPU build, CUDA not initialised).
@@ -57,6 +59,10 @@ UNDER_WAY = -1.0
 # rest are counted under "other", so that a pool of threads with fresh names stays bounded.
 KINDS_MAX = 64
 OTHER = "other"
+# At most this many sites are kept, each a place in the user's code; captures at any other are
+# counted at one more, "other sites", so that code compiled per request, notebook cells or
+# ``exec`` stay bounded.
+SITES_MAX = 4096
 # At most this many distinct torch.compile skips (reason, site) are kept, and this much of each
 # full message: a message carries a stack trace of the user's code.
 SKIPS_MAX = 1024
@@ -66,7 +72,8 @@ SKIP_PREFIX = "skipping cudagraphs due to "
 
 
 class CaptureSite(Site):
-    """What the captures begun at one place came to."""
+    """What the captures begun at one place came to: the place by value (file, line and
+    function), not the code, which a census would otherwise keep alive."""
 
     __slots__ = (
         "built",
@@ -82,13 +89,18 @@ class CaptureSite(Site):
         "open",
         "outcomes",
         "pending",
+        "place",
         "replays",
         "seconds",
+        "sites",
         "version",
     )
 
-    def __init__(self, code: CodeType | None, lasti: int) -> None:
-        super().__init__(code, lasti)
+    def __init__(self, place: Place | None, *, other: bool = False) -> None:
+        super().__init__(None, -1)
+        self.place = place  # None: no frame of the user's; or the other sites
+        # The other sites (past SITES_MAX): how many places this one counts for; else None.
+        self.sites: int | None = 0 if other else None
         # The report's entry as last built, and the values it was built from: a report rewrite
         # takes it as it was while they hold (cgguard._reporting.report_file encodes it once).
         self.entry: CaptureEntry | None = None
@@ -114,6 +126,9 @@ class CaptureSite(Site):
         # once: a graph captured before replays were counted is in neither.
         self.graphs_tracked = 0
         self.graphs_replayed = 0
+
+    def _render(self) -> FrameInfo | None:
+        return None if self.sites is not None else frame_of(self.place)
 
 
 class SkipSite(Site):
@@ -146,9 +161,16 @@ class Census:
         # Everything made here and nowhere else: a forked child starts from a state no parent
         # thread can hold a lock of.
         self._lock = threading.Lock()
-        # By (id() of the code, instruction), holding the code: read without the lock by the
-        # capture path, added to under it.
+        # The site of a (id() of the code, instruction), read without the lock by the capture
+        # path, added to under it. The code is held weakly, and its keys leave with it, before
+        # its id() can be another's (self._codes): they are never iterated.
         self.sites_at: dict[tuple[int, int], CaptureSite] = {}
+        # Per code that keys sites_at, by id(): its weak reference and its keys.
+        self._codes: dict[int, tuple[weakref.ref[CodeType], list[tuple[int, int]]]] = {}
+        # The sites, by place, in the order first seen, and the one counting the places past
+        # SITES_MAX.
+        self._places: dict[Place | None, CaptureSite] = {}
+        self._other: CaptureSite | None = None
         self._skips: dict[tuple[str, int, int], SkipSite] = {}
         # The site of each graph captured while replays are counted, and whether it has been
         # replayed; weak, so an entry goes with its graph.
@@ -166,15 +188,17 @@ class Census:
         self._fresh()
 
     def __len__(self) -> int:
-        """How many capture sites have been seen."""
-        return len(self.sites_at)
+        """How many capture sites have been seen, those counted as other sites included."""
+        other = self._other
+        return len(self._places) + (other.sites or 0 if other is not None else 0)
 
     def seen(self) -> bool:
         """Whether anything was counted: a capture or a skipped compiled graph."""
-        return bool(self.sites_at or self._skips)
+        return bool(self._places or self._skips)
 
     def site(self, where: tuple[CodeType | None, int]) -> CaptureSite:
-        """The site at ``where`` (the user's code and instruction), made on its first capture."""
+        """The site at ``where`` (the user's code and instruction), made on its first capture
+        there: its place's, or past SITES_MAX places the other sites'."""
         code, lasti = where
         key = (id(code), lasti)
         site = self.sites_at.get(key)
@@ -182,7 +206,28 @@ class Census:
             with self._lock:
                 site = self.sites_at.get(key)
                 if site is None:
-                    site = self.sites_at[key] = CaptureSite(code, lasti)
+                    site = self._site_at(code, lasti, key)
+        return site
+
+    def _site_at(self, code: CodeType | None, lasti: int, key: tuple[int, int]) -> CaptureSite:
+        place = place_of(code, lasti)
+        site = self._places.get(place)
+        if site is None and len(self._places) < SITES_MAX:
+            site = self._places[place] = CaptureSite(place)
+        elif site is None:
+            site = self._other
+            if site is None:
+                site = self._other = CaptureSite(None, other=True)
+                self._places[_OTHER] = site
+            site.sites = (site.sites or 0) + 1
+            site.version += 1
+        if code is not None:
+            held = self._codes.get(id(code))
+            if held is None:
+                gone = functools.partial(_forget, self.sites_at, self._codes, id(code))
+                held = self._codes[id(code)] = (weakref.ref(code, gone), [])
+            held[1].append(key)
+        self.sites_at[key] = site
         return site
 
     def fold(self) -> None:
@@ -192,7 +237,7 @@ class Census:
 
     def _fold(self) -> None:
         still = 0
-        for site in self.sites_at.values():
+        for site in self._places.values():
             if site.pending or site.open:  # open: one may have ended and been counted
                 still += _drain(site)
         self.ticks = itertools.count(still + 1)
@@ -269,7 +314,7 @@ class Census:
     def sites(self) -> list[CaptureSite]:
         with self._lock:
             self._fold()
-            return list(self.sites_at.values())
+            return list(self._places.values())
 
     def captures(self, *, fresh: bool = False) -> list[CaptureEntry]:
         """The report's ``captures``: one entry per site, in the order first seen.
@@ -285,7 +330,7 @@ class Census:
             # thousands of sites is rewritten while new ones come.
             sites = [
                 (site, site.version, None if _built(site, fresh) else _copy(site))
-                for site in self.sites_at.values()
+                for site in self._places.values()
             ]
             replays = self.replays
         out = []
@@ -316,6 +361,26 @@ class Census:
                 }
             )
         return out
+
+
+# The key of the other sites among the places: no place is at line -1.
+_OTHER: Place = ("", -1, "other sites")
+
+
+def _forget(
+    sites_at: dict[tuple[int, int], CaptureSite],
+    codes: dict[int, tuple[weakref.ref[CodeType], list[tuple[int, int]]]],
+    ident: int,
+    ref: weakref.ref[CodeType],
+) -> None:
+    """A code object that keyed sites is gone: its keys go, before its id() is another's. Run
+    by the garbage collector on any thread, so without the census's lock: each is one dict
+    operation, and nothing iterates these dicts."""
+    held = codes.get(ident)
+    if held is not None and held[0] is ref:
+        del codes[ident]
+        for key in held[1]:
+            sites_at.pop(key, None)
 
 
 def _built(site: CaptureSite, fresh: bool) -> bool:
@@ -408,6 +473,7 @@ def _copy(site: CaptureSite) -> dict[str, Any]:
         "replays": site.replays,
         "graphs_replayed": site.graphs_replayed,
         "graphs_tracked": site.graphs_tracked,
+        "other_sites": site.sites,
     }
 
 
@@ -439,6 +505,8 @@ def entry(top: FrameInfo | None, values: dict[str, Any], *, replays: bool) -> Ca
     if replays:
         result["replays"] = values["replays"]
         result["never_replayed"] = values["graphs_tracked"] - values["graphs_replayed"]
+    if values.get("other_sites") is not None:
+        result["other_sites"] = values["other_sites"]
     return cast("CaptureEntry", result)
 
 

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 _SUMMED = ("outcomes", "errors", "apis", "modes", "threads", "pools")
 # A site across reports: (file, line, function), as each report renders its frame.
 Where = tuple[Any, Any, Any]
+# Where the rows of the other sites, past each census's bound, are merged: no file is there.
+_OTHER: Where = (None, None, "other sites")
 
 
 class _Process:
@@ -73,7 +75,11 @@ class CensusMerge:
         mine: dict[Where, dict[str, Any]] = {}
         for captured in captures:
             entry: Mapping[str, Any] = captured
-            place = (entry["file"], entry["line"], entry["function"])
+            place = (
+                (entry["file"], entry["line"], entry["function"])
+                if "other_sites" not in entry
+                else _OTHER
+            )
             held = mine.get(place)
             if held is None:
                 mine[place] = _copy(entry)
@@ -132,10 +138,11 @@ class CensusMerge:
         if not self.sites and not self.skips:
             return ""
         count = sum(site.entry["count"] for site in self.sites.values())
+        sites = sites_in(site.entry for site in self.sites.values())
         seconds = sum(site.entry["seconds"] for site in self.sites.values())
         skipped = sum(skip["count"] for skip in self.skips.values())
         line = (
-            f"census: {counted(count, 'capture')} at {counted(len(self.sites), 'site')} in "
+            f"census: {counted(count, 'capture')} at {counted(sites, 'site')} in "
             f"{counted(len(self.processes), 'process', 'processes')}, {seconds:.6f} s; "
             f"{counted(skipped, 'compiled graph')} skipped"
         )
@@ -210,9 +217,16 @@ def counted(count: int, one: str, many: str = "") -> str:
 def place_text(entry: Mapping[str, Any]) -> str:
     """A census entry's site, its names shown safe: "an unknown site" where no file is known
     (a capture begun from code cgguard could not see), as the Markdown view says it."""
+    if "other_sites" in entry:
+        return counted(entry["other_sites"], "other site")
     if entry["file"] is None:
         return "an unknown site"
     return f"{shown(entry['file'])}:{entry['line']} (in {shown(entry['function'])})"
+
+
+def sites_in(entries: Iterable[Mapping[str, Any]]) -> int:
+    """How many sites census entries count: the row of the other sites counts for several."""
+    return sum(entry.get("other_sites", 1) for entry in entries)
 
 
 def _copy(entry: Mapping[str, Any]) -> dict[str, Any]:
@@ -237,7 +251,7 @@ def _add(held: dict[str, Any], entry: Mapping[str, Any]) -> None:
     if entry.get("devices"):
         held["devices"] = held.get("devices") or {}
         _sum_into(held["devices"], entry["devices"])
-    for key in ("replays", "never_replayed"):
+    for key in ("replays", "never_replayed", "other_sites"):
         if key in entry:
             held[key] = held.get(key, 0) + entry[key]
 

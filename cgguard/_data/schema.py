@@ -147,6 +147,9 @@ class _CaptureOptional(TypedDict, total=False):
     # Only in `cgguard report`'s merge: the process whose captures here took longest.
     slowest: SlowestProcess
     processes: Positive  # how many processes captured here
+    # Only in the row of the other sites, past the census's bound (4,096 sites): how many
+    # sites it counts for (merged: summed over the processes, so at most that many places).
+    other_sites: Positive
 
 
 class SlowestProcess(TypedDict):

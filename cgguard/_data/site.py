@@ -32,5 +32,8 @@ class Site:
         the first call: a site's place never changes, and a repeated report reads it again."""
         frame = self._frame
         if frame is _UNRENDERED:
-            frame = self._frame = frame_at(self.code, self.lasti)
+            frame = self._frame = self._render()
         return frame
+
+    def _render(self) -> FrameInfo | None:
+        return frame_at(self.code, self.lasti)

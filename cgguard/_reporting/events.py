@@ -10,7 +10,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, cast
 
-from cgguard._data.census_merge import counted
+from cgguard._data.census_merge import counted, sites_in
 from cgguard._data.schema import RANK_KEYS, REPORT_SCHEMA
 from cgguard._rules.table import RULES, Cause
 from cgguard._support.frames import where
@@ -201,7 +201,7 @@ def census_totals(
     measured = [site for site in captures if site["bytes_reserved"] is not None]
     totals: dict[str, object] = {
         "captures": sum(site["count"] for site in captures),
-        "sites": len(captures),
+        "sites": sites_in(captures),
         "seconds": round(sum(site["seconds"] for site in captures), 9),
         "bytes_reserved": sum(s["bytes_reserved"] or 0 for s in measured) if measured else None,
         "bytes_allocated": sum(s["bytes_allocated"] or 0 for s in measured) if measured else None,

@@ -287,6 +287,28 @@ def frame_at(code: CodeType | None, lasti: int) -> FrameInfo | None:
     return frames[-1] if frames else None
 
 
+# A place in the user's code, as a report names it: (file, line, function).
+Place = tuple[str, int, str]
+
+
+def place_of(code: CodeType | None, lasti: int) -> Place | None:
+    """Where instruction ``lasti`` of ``code`` is, by value (the code is not kept); None if
+    hidden. Code compiled again from one file (a reload, an ``exec`` per request) is at the
+    same place."""
+    if code is None or code.co_filename.startswith(_hidden_prefixes()):
+        return None
+    return code.co_filename, _line_of(code, lasti), code.co_name
+
+
+def frame_of(place: Place | None) -> FrameInfo | None:
+    """The user's frame at ``place``, with its source line as frame_at() renders it."""
+    if place is None:
+        return None
+    filename, line, function = place
+    text = linecache.getline(filename, line).strip()
+    return {"file": filename, "line": line, "function": function, "code": text or None}
+
+
 def _below_runner(
     pairs: list[tuple[CodeType | None, int]],
 ) -> list[tuple[CodeType | None, int]]:
