@@ -4,6 +4,7 @@ paths refused with one line and status 2."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -16,6 +17,7 @@ import pytest
 from helpers import SourceFile, clean_environ
 
 from cgguard._commands.main import main
+from cgguard._commands.report import merge, render_json
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -1336,3 +1338,149 @@ def test_markdown_names_a_sites_slowest_process_with_its_rank_as_text_does(
         "  /job/train.py:40 (in step): 4 captures (ended 4), 3.000000 s, bytes not measured; "
         "slowest node-a pid 201 rank 1 (2.000000 s)"
     ) in text.splitlines()
+
+
+def census_report(pid: int, *entries: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """A report of schema 2 holding ``entries`` (one census_entry(1.0) without), each changed by
+    ``changes``."""
+    captures = [{**entry, **changes} for entry in entries or (census_entry(1.0),)]
+    return document(pid, [], schema=2, captures=captures)
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        pytest.param(
+            {"seconds": math.nan},
+            "captures[0].seconds: a finite number expected, found NaN",
+            id="NaN seconds",
+        ),
+        pytest.param(
+            {"seconds": math.inf},
+            "captures[0].seconds: a finite number expected, found Infinity",
+            id="infinite seconds",
+        ),
+        pytest.param(
+            {"max_seconds": -math.inf},
+            "captures[0].max_seconds: a finite number expected, found -Infinity",
+            id="minus infinite max_seconds",
+        ),
+        pytest.param(
+            {"seconds": -1.5},
+            "captures[0].seconds: a number of 0 or more expected, found -1.5",
+            id="negative seconds",
+        ),
+        pytest.param(
+            {"seconds": -1, "max_seconds": 0},
+            "captures[0].seconds: a number of 0 or more expected, found -1",
+            id="negative whole seconds",
+        ),
+        pytest.param(
+            {"seconds": 10**400},
+            "captures[0].seconds is a whole number past what a float holds",
+            id="whole seconds past a float",
+        ),
+        pytest.param(
+            {"slowest": {"pid": 1, "host": None, "rank": None, "seconds": math.nan, "count": 2}},
+            "captures[0].slowest.seconds: a finite number expected, found NaN",
+            id="NaN slowest seconds",
+        ),
+        pytest.param(
+            {"outcomes": {"ended": 2, "failed": 1, "refused": 0, "abandoned": 0}},
+            "captures[0].outcomes add up to 3, more than its count (2)",
+            id="outcomes above the count",
+        ),
+        pytest.param(
+            {"apis": {"torch.cuda.graph": 2, "CUDAGraph.capture_begin": 1}},
+            "captures[0].apis add up to 3, more than its count (2)",
+            id="apis above the count",
+        ),
+        pytest.param(
+            {"errors": {"AcceleratorError": 3}},
+            "captures[0].errors add up to 3, more than its count (2)",
+            id="errors above the count",
+        ),
+        pytest.param(
+            {"replays": 5, "never_replayed": 3},
+            "captures[0].never_replayed is 3, more than its count (2)",
+            id="never replayed above the count",
+        ),
+        pytest.param(
+            {"max_seconds": 2.0},
+            "captures[0].max_seconds is 2.0, more than its seconds (1.0)",
+            id="longest above the sum",
+        ),
+    ],
+)
+def test_census_values_no_process_can_write_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], changes: dict[str, Any], reason: str
+) -> None:
+    """Seconds that are NaN, infinite, negative or past a float, and parts of a site's captures
+    that add up to more than its count: status 2 and one line naming the file and the field,
+    rather than a total of "nan s", a slowest process taken from it, or JSON with NaN."""
+    good = write(tmp_path, "good.json", census_report(1))
+    bad = write(tmp_path, "bad.json", census_report(2, **changes))
+    assert run(capsys, "--format", "json", str(good), str(bad)) == (
+        2,
+        "",
+        f"cgguard report: '{bad}': not a cgguard report: {reason}\n",
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        pytest.param(
+            json.dumps(document(1, [], config={"mode": "log", "lr": math.nan})),
+            "config.lr: a finite number expected, found NaN",
+            id="NaN in config",
+        ),
+        pytest.param(
+            json.dumps(census_report(1, note=-math.inf)),
+            "captures[0].note: a finite number expected, found -Infinity",
+            id="a key the schema does not name",
+        ),
+        pytest.param(
+            json.dumps(violating(extra=[1, {"x": 7.25}])).replace("7.25", "1e999"),
+            "violations[0].first.extra[1].x: a finite number expected, found Infinity",
+            id="a number past a float in an event",
+        ),
+    ],
+)
+def test_numbers_json_does_not_have_are_refused_wherever_they_are(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, reason: str
+) -> None:
+    """NaN, Infinity and -Infinity are not JSON, nor is a number a float cannot hold; a key the
+    schema does not name is passed on to the JSON view, so one there is refused too."""
+    path = write(tmp_path, "r.json", text)
+    assert run(capsys, "--format", "json", str(path)) == (
+        2,
+        "",
+        f"cgguard report: '{path}': not a cgguard report: {reason}\n",
+    )
+
+
+@pytest.mark.parametrize("together", [True, False], ids=["in one report", "across reports"])
+def test_seconds_that_add_up_past_a_float_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], together: bool
+) -> None:
+    """Each number finite, their sum not: status 2, naming the report that took it past."""
+    huge = {**census_entry(1.0), "seconds": 1e308, "max_seconds": 1e308}
+    if together:
+        path = write(tmp_path, "r.json", census_report(1, huge, huge))
+    else:
+        write(tmp_path, "a.json", census_report(1, huge))
+        path = write(tmp_path, "b.json", census_report(2, huge))
+    assert run(capsys, "--format", "json", str(tmp_path)) == (
+        2,
+        "",
+        f"cgguard report: '{path}': captures: the seconds add up to more than a float holds\n",
+    )
+
+
+def test_the_json_view_never_writes_nan_or_infinity() -> None:
+    """Were a value JSON does not have to reach the JSON view, it stops rather than write
+    text that strict JSON parsers refuse."""
+    merged = merge([("r.json", violating(extra=math.nan))])  # not read(): nothing refused it
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        "".join(render_json(merged))

@@ -13,6 +13,7 @@ import fnmatch
 import gc
 import hashlib
 import json
+import math
 import os
 import stat
 import sys
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TextIO, TypedDict
 from cgguard._config.settings import shown as quoted
 from cgguard._data.census_merge import (
     CensusMerge,
+    contradiction,
     counted,
     place_text,
     site_text,
@@ -33,6 +35,7 @@ from cgguard._rules.record import OUTCOMES
 from cgguard._rules.table import NAMES
 from cgguard._support.frames import format_frames, where
 from cgguard._support.text import markdown, safe, shown
+from cgguard._support.typecheck import non_finite
 from cgguard._support.typecheck import problem as schema_problem
 
 if TYPE_CHECKING:
@@ -48,6 +51,10 @@ _GLOB_MAGIC = ("*", "?", "[")
 MAX_BYTES = 1 << 30
 # The census's sections, read from reports of schema 2 on.
 _SINCE_SCHEMA_2 = ("captures", "cudagraph_skips")
+# The JSON view's encoder: json.dumps's own, except that a NaN or an Infinity stops it (a
+# ValueError) rather than be written as text strict JSON parsers refuse. read() lets none
+# through; this keeps it so whatever reaches the view.
+_encode = json.JSONEncoder(allow_nan=False).encode
 
 
 class ReportError(Exception):
@@ -323,8 +330,23 @@ def _parsed(
                 return frames.setdefault((file, line, function, code), value)
         return value
 
+    # NaN, Infinity and -Infinity are not JSON, though json.loads reads them, as it reads a
+    # number too large for a float as Infinity. Noted as they are parsed, and their place looked
+    # for only where one was seen: a good report costs a look at each of its floats.
+    unlike_json: list[str] = []
+
+    def constant(name: str) -> float:
+        unlike_json.append(name)
+        return float(name)
+
+    def number(digits: str) -> float:
+        value = float(digits)
+        if math.isinf(value):
+            unlike_json.append(digits)
+        return value
+
     try:
-        document = json.loads(text, object_hook=shared)
+        document = json.loads(text, object_hook=shared, parse_constant=constant, parse_float=number)
     except RecursionError:
         message = "not a cgguard report: not JSON (nested too deeply)"
         raise ReportError(f"{quoted(path)}: {message}") from None
@@ -335,7 +357,13 @@ def _parsed(
         # unknown keys, let through and not read.
         for key in _SINCE_SCHEMA_2:
             document.pop(key, None)
-    problem = schema_problem(document, ReportDocument) or _contradiction(document)
+    problem = (
+        # Before the schema: such a number may be in a key it does not name, passed on as it is
+        # to the JSON view.
+        (non_finite(document) if unlike_json else None)
+        or schema_problem(document, ReportDocument)
+        or _contradiction(document)
+    )
     if problem is not None:
         raise ReportError(f"{quoted(path)}: not a cgguard report: {problem}")
     return document  # type: ignore[no-any-return]
@@ -348,6 +376,9 @@ def _contradiction(document: dict[str, Any]) -> str | None:
             f"of report schema {document['schema']}, which this cgguard cannot read "
             f"(it reads schema {REPORT_SCHEMA})"
         )
+    census = contradiction(document.get("captures", ()))
+    if census is not None:
+        return census
     for i, violation in enumerate(document["violations"]):
         if violation["first"]["rule"] != violation["rule"]:
             return (
@@ -408,13 +439,16 @@ def merge(reports: Iterable[tuple[str, dict[str, Any]]], skipped: Sequence[Skipp
                     entry["rule"], top, entry["first"], entry["exemption"]
                 )
             site.add(process, entry["count"], entry["first"])
-        merged.census.add(
-            process["host"],
-            process["pid"],
-            process["rank"],
-            document.get("captures", ()),
-            document.get("cudagraph_skips", ()),
-        )
+        try:
+            merged.census.add(
+                process["host"],
+                process["pid"],
+                process["rank"],
+                document.get("captures", ()),
+                document.get("cudagraph_skips", ()),
+            )
+        except OverflowError as exc:
+            raise ReportError(f"{quoted(path)}: {exc}") from None
         del document  # what merge keeps of it is in its sites
     processes = merged.processes
     processes.sort(key=_process_order)
@@ -674,7 +708,7 @@ def render_json(merged: Merged) -> Iterator[str]:
     json.dumps without ``indent``, a piece at a time: with ``indent`` the encoder is the pure
     Python one, many times slower, and one call would hold the whole document as text.
     """
-    dumps = json.dumps
+    dumps = _encode
     first, last = merged.written or (None, None)
     yield (
         f'{{"reports": {len(merged.processes)}, "hosts": {dumps(merged.hosts)}, '
@@ -717,7 +751,7 @@ def render_json(merged: Merged) -> Iterator[str]:
 
 def _json_items(values: Iterable[object]) -> Iterator[str]:
     """The items of a JSON array, one to a line, each encoded as it comes."""
-    dumps = json.dumps
+    dumps = _encode
     for i, value in enumerate(values):
         yield ("\n" if i == 0 else ",\n") + dumps(value)
 

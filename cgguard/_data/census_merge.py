@@ -9,16 +9,21 @@ while the rest take 12 s is what a census of a job is for.
 
 from __future__ import annotations
 
+import math
+import sys
 from typing import TYPE_CHECKING, Any
 
 from cgguard._support.text import shown
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Iterable, Mapping, Sequence
 
     from cgguard._data.schema import CaptureEntry, SkipEntry, SlowestProcess
 
 _SUMMED = ("outcomes", "errors", "apis", "modes", "threads", "pools")
+# The parts of a site's captures, each counting some of them (a refused capture has no pool, an
+# unmeasured one no device, one still open no outcome yet): none counts more than the site.
+_PARTS = (*_SUMMED, "devices")
 # A site across reports: (file, line, function), as each report renders its frame.
 Where = tuple[Any, Any, Any]
 # Where the rows of the other sites, past each census's bound, are merged: no file is there.
@@ -61,6 +66,7 @@ class CensusMerge:
         self.skips: dict[tuple[Any, ...], dict[str, Any]] = {}
         self.processes: list[_Process] = []
         self.replays = False  # whether any report counted replays
+        self.seconds = 0.0  # the job's, all sites of all processes
 
     def add(
         self,
@@ -70,7 +76,11 @@ class CensusMerge:
         captures: Iterable[CaptureEntry | Mapping[str, Any]],
         skips: Iterable[SkipEntry | Mapping[str, Any]],
     ) -> None:
-        """One process's census sections (empty for a report without them)."""
+        """One process's census sections (empty for a report without them).
+
+        OverflowError where its seconds take a sum past what a float holds: each is a number,
+        and their sum would be Infinity.
+        """
         process = _Process(host, pid, rank)
         mine: dict[Where, dict[str, Any]] = {}
         for captured in captures:
@@ -113,6 +123,11 @@ class CensusMerge:
                     "seconds": round(entry["seconds"], 9),
                     "count": entry["count"],
                 }
+        self.seconds += process.seconds
+        # Every sum shown: the sites' this process added to, the process's and the job's.
+        sums = (*(self.sites[place].entry["seconds"] for place in mine), process.seconds)
+        if not all(map(math.isfinite, (*sums, self.seconds))):
+            raise OverflowError("captures: the seconds add up to more than a float holds")
 
     def captures(self) -> list[dict[str, Any]]:
         """The merged ``captures``, the most seconds first, each with its slowest process."""
@@ -139,7 +154,7 @@ class CensusMerge:
             return ""
         count = sum(site.entry["count"] for site in self.sites.values())
         sites = sites_in(site.entry for site in self.sites.values())
-        seconds = sum(site.entry["seconds"] for site in self.sites.values())
+        seconds = self.seconds
         skipped = sum(skip["count"] for skip in self.skips.values())
         line = (
             f"census: {counted(count, 'capture')} at {counted(sites, 'site')} in "
@@ -166,6 +181,32 @@ class CensusMerge:
             "seconds": round(slowest.seconds, 9),
             "captures": slowest.captures,
         }
+
+
+def contradiction(captures: Sequence[Mapping[str, Any]]) -> str | None:
+    """What a report's ``captures``, of the schema, say against themselves, or None.
+
+    A part of a site's captures that counts more than the site, seconds no float holds, graphs
+    never replayed beyond the captures, or a longest capture longer than all of them together:
+    no census writes these, and a merge would add them up into values that cannot be.
+    """
+    for i, entry in enumerate(captures):
+        count = entry["count"]
+        for key in _PARTS:
+            part = sum((entry.get(key) or {}).values())
+            if part > count:
+                return f"captures[{i}].{key} add up to {part}, more than its count ({count})"
+        if entry["seconds"] > sys.float_info.max:  # a whole number: json.loads reads it so
+            return f"captures[{i}].seconds is a whole number past what a float holds"
+        never = entry.get("never_replayed", 0)
+        if never > count:
+            return f"captures[{i}].never_replayed is {never}, more than its count ({count})"
+        if entry["max_seconds"] > entry["seconds"]:
+            return (
+                f"captures[{i}].max_seconds is {entry['max_seconds']}, more than its seconds "
+                f"({entry['seconds']})"
+            )
+    return None
 
 
 def site_text(entry: Mapping[str, Any]) -> str:

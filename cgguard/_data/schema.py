@@ -29,8 +29,9 @@ REPORT_SCHEMA = 2
 
 
 Count = Annotated[int, AtLeast(0)]  # a count that may be nothing yet: a rule's total
-# Seconds: JSON writes a float, and a reader of another writer may find a whole number.
-Seconds = float | int
+# Seconds: JSON writes a float, and a reader of another writer may find a whole number. Never
+# NaN, infinite or negative: a time taken is none of them, and a report's are added up.
+Seconds = Annotated[float | int, AtLeast(0)]
 Positive = Annotated[int, AtLeast(1)]  # a count of something seen: a site's count
 
 

@@ -3,6 +3,7 @@ its path. For reports read from elsewhere (cgguard._data.schema's types)."""
 
 from __future__ import annotations
 
+import math
 import typing
 from typing import TYPE_CHECKING, Annotated
 
@@ -11,7 +12,8 @@ if TYPE_CHECKING:
 
 
 class AtLeast:
-    """The least value of an ``Annotated[int, AtLeast(n)]``, which ``problem()`` checks."""
+    """The least value of an ``Annotated[int, AtLeast(n)]`` (or of ``float | int``), which
+    ``problem()`` checks."""
 
     __slots__ = ("least",)
 
@@ -31,8 +33,9 @@ def problem(value: object, schema: type) -> str | None:
     """What keeps ``value``, as ``json.loads`` returns it, from being a ``schema``, or None.
 
     ``schema`` is a TypedDict built of these parts: ``str``,
-    ``int`` (a bool is not one), ``None``, ``object`` (anything), unions, ``list[...]``,
-    ``dict[str, ...]``, ``Annotated[int, AtLeast(n)]`` and nested TypedDicts). Required keys
+    ``int`` (a bool is not one), ``float``, ``None``, ``object`` (anything), unions,
+    ``list[...]``, ``dict[str, ...]``, ``Annotated[int, AtLeast(n)]`` (or of ``float | int``) and
+    nested TypedDicts). Required keys
     must be there and optional ones may be missing; keys the schema does not name are let
     through, so that reports of a later cgguard stay readable. The first fault is named by
     its path: ``violations[0].first.stack[1]: no "code"``.
@@ -76,8 +79,10 @@ def _words(schema: object) -> str:
         least = [extra.least for extra in extras if isinstance(extra, AtLeast)]
         return f"{_words(base)} of {least[0]} or more" if least else _words(base)
     if origin in (typing.Union, _UnionType):
-        words = [_words(member) for member in typing.get_args(schema)]
-        return ", ".join(words[:-1]) + " or " + words[-1]
+        members = typing.get_args(schema)
+        # A whole number is a number: "float | int" reads "a number".
+        words = [_words(m) for m in members if not (m is int and float in members)]
+        return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]
     if origin is list:
         return "a list"
     if origin is dict or typing.is_typeddict(schema):
@@ -242,3 +247,33 @@ def _plain(schema: object) -> frozenset[type] | None:
     if all(member in (str, int, float, bool, type(None)) for member in members):
         return frozenset(member for member in members if isinstance(member, type))
     return None
+
+
+def non_finite(value: object) -> str | None:
+    """Where ``value``, as ``json.loads`` returns it, holds NaN, Infinity or -Infinity, or None.
+
+    JSON has none of them, but Python's json module reads them, and a number too large for a
+    float as Infinity. Every key is looked into, those no schema names included; the first in
+    the document's order is named by its path, found without recursion, so that any depth
+    json.loads parsed is walked.
+    """
+    pending: list[tuple[object, str]] = [(value, "")]
+    while pending:
+        each, path = pending.pop()
+        if type(each) is float and not math.isfinite(each):
+            spelled = "NaN" if math.isnan(each) else "Infinity" if each > 0 else "-Infinity"
+            what = f"a finite number expected, found {spelled}"
+            return f"{path.removeprefix('.')}: {what}" if path else what
+        if type(each) is dict:
+            items = [(v, f"{path}{_part(k)}") for k, v in each.items()]
+        elif type(each) is list:
+            items = [(v, f"{path}[{i}]") for i, v in enumerate(each)]
+        else:
+            continue
+        pending.extend(reversed(items))  # the first item comes off the stack first
+    return None
+
+
+def _part(key: object) -> str:
+    """A key in a path as problem() writes one: ``.name``, or ``['any other']``."""
+    return f".{key}" if isinstance(key, str) and key.isidentifier() else f"[{_key(key)}]"
