@@ -507,10 +507,11 @@ def _simulate(cleanup: contextlib.ExitStack) -> None:
     except ImportError as exc:
         raise pytest.UsageError(f"--cgguard-simulate-cuda needs torch: {exc}") from None
     from cgguard.testing import SimulationError, active_simulation, simulated_cuda
+    from cgguard.testing._simcuda import SESSION_MAX_CALLS
 
     if active_simulation() is not None:  # CGGUARD_SIMULATE_CUDA activation put one in place
         return
     try:
-        cleanup.enter_context(simulated_cuda())
+        cleanup.enter_context(simulated_cuda(max_calls=SESSION_MAX_CALLS))
     except SimulationError as exc:
         raise pytest.UsageError(f"--cgguard-simulate-cuda: {exc}") from None

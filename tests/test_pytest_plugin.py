@@ -768,6 +768,28 @@ def test_simulated_session_runs_graph_code_on_cpu(pytester: pytest.Pytester) -> 
     result.stdout.fnmatch_lines(["FAILED test_on_cpu.py::test_swallowed - cgguard: *"])
 
 
+def test_simulated_session_keeps_the_latest_10000_calls(pytester: pytest.Pytester) -> None:
+    """--cgguard-simulate-cuda lasts the whole session: its record of calls keeps the latest
+    10,000, so that a long run does not grow without bound."""
+    pytester.makepyfile(
+        test_soak="""
+        import torch
+        from cgguard.testing import active_simulation
+
+
+        def test_replays():
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                pass
+            for _ in range(20_000):
+                graph.replay()
+            calls = active_simulation().calls
+            assert (len(calls), {call.name for call in calls}) == (10_000, {"replay"})
+        """
+    )
+    run(pytester, "--cgguard-simulate-cuda").assert_outcomes(passed=1)
+
+
 def test_simulated_session_runs_torch_compile_on_cpu(pytester: pytest.Pytester) -> None:
     """--cgguard-simulate-cuda: a torch.compile'd function on CPU tensors compiles and passes."""
     pytester.makepyfile(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
+from helpers import clean_environ
 from torch.torch_version import TorchVersion
 
 from cgguard.testing import simulated_cuda
@@ -865,3 +866,68 @@ def test_cuda_errors_are_accelerator_errors_and_torch_checks_are_not(sim: Simula
         g.replay()
     assert [isinstance(e.value, CUDA_ERROR_TYPE) for e in (cuda_error, invalidated)] == [True] * 2
     assert type(torch_check.value) is SimulatedCudaError  # a plain RuntimeError's kind
+
+
+def test_a_simulation_a_test_asks_for_keeps_every_call(sim: SimulatedCuda) -> None:
+    """simulated_cuda() as a context manager keeps its whole record, past the 10,000 calls a
+    process-wide simulation keeps."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        pass
+    since = len(sim.calls)
+    for _ in range(20_000):
+        graph.replay()
+    assert sim.calls[since:] == [Call("replay", (graph._simcuda_id,), "MainThread")] * 20_000
+
+
+def test_max_calls_keeps_the_latest_calls() -> None:
+    """simulated_cuda(max_calls=N) keeps the latest N calls, oldest first."""
+    with simulated_cuda(max_calls=2) as sim:
+        for op in ("aten::first", "aten::second", "aten::third"):
+            sim.implicit_sync(op)
+        assert sim.calls == [
+            Call("implicit_sync", ("aten::second",), "MainThread"),
+            Call("implicit_sync", ("aten::third",), "MainThread"),
+        ]
+
+
+@pytest.mark.parametrize("value", [-1, 2.5, True, "10"])
+def test_max_calls_other_than_a_whole_number_is_refused(value: Any) -> None:
+    """max_calls is None (every call) or a whole number of 0 or more: anything else is refused
+    before torch is touched."""
+    with pytest.raises(ValueError, match="max_calls") as info, simulated_cuda(max_calls=value):
+        pytest.fail("must not activate")
+    assert str(info.value) == (
+        f"simulated_cuda(max_calls={value!r}): None (every call) or a whole number of 0 or more "
+        "expected"
+    )
+
+
+SOAK = """
+import torch
+from cgguard.testing import active_simulation
+
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    pass
+for _ in range(100_000):
+    graph.replay()
+calls = active_simulation().calls
+print(len(calls), sorted({call.name for call in calls}), calls[-1])
+"""
+
+
+@pytest.mark.subprocess
+def test_a_process_wide_simulation_keeps_its_latest_10000_calls() -> None:
+    """CGGUARD_SIMULATE_CUDA=1 lasts the whole process: 100,000 replays leave the latest 10,000
+    calls recorded, not every one (about 120 bytes each, for as long as a soak test runs)."""
+    done = subprocess.run(
+        [sys.executable, "-c", SOAK],
+        cwd=REPO,
+        env=clean_environ(CGGUARD_ENABLED="1", CGGUARD_SIMULATE_CUDA="1"),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    last = Call("replay", (1,), "MainThread")
+    assert (done.returncode, done.stdout) == (0, f"10000 ['replay'] {last}\n"), done.stderr

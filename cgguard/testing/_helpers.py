@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
-from cgguard.testing._simcuda import active, simulated_runtime
+from cgguard.testing._simcuda import SESSION_MAX_CALLS, active, simulated_runtime
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -15,14 +15,15 @@ if TYPE_CHECKING:
 
 
 @contextlib.contextmanager
-def simulated_cuda(*, force: bool = False) -> Iterator[SimulatedCuda]:
+def simulated_cuda(*, force: bool = False, max_calls: int | None = None) -> Iterator[SimulatedCuda]:
     """Run torch's real CUDA-graph code over cgguard's simulated CUDA runtime (no GPU).
 
     Replaces torch.cuda's graph, stream and event entry points with stand-ins for the duration
     and restores every one on exit. Runs on CPU-only and CUDA builds of torch; refuses where a
     CUDA device is available unless ``force``. Composes with an installed cgguard, in either
     order: while both are in place, the simulated device synchronize is guarded, and so are the
-    stand-ins where they do not extend torch's classes (CUDA builds).
+    stand-ins where they do not extend torch's classes (CUDA builds). The runtime's ``calls``
+    are every call it received, or the latest ``max_calls`` of them.
     """
     # Imported here, as the composition root is in each helper: importing cgguard.testing
     # (pytest's plugin does, in every run) loads none of it.
@@ -31,7 +32,10 @@ def simulated_cuda(*, force: bool = False) -> Iterator[SimulatedCuda]:
     # cgguard lets go of what the simulation is about to replace (torch's own synchronize on a
     # CUDA build, the simulated one on the way out) and takes up what replaced it.
     with simulated_runtime(
-        force=force, unhook=_install.torch_changing, rehook=_install.torch_changed
+        force=force,
+        unhook=_install.torch_changing,
+        rehook=_install.torch_changed,
+        max_calls=max_calls,
     ) as runtime:
         yield runtime
 
@@ -72,7 +76,7 @@ def start_session_simulation() -> None:
         return
     stack = contextlib.ExitStack()
     try:
-        stack.enter_context(simulated_cuda())
+        stack.enter_context(simulated_cuda(max_calls=SESSION_MAX_CALLS))
     except Exception as exc:  # e.g. a usable CUDA device: guard it all the same, unsimulated
         warn_once("simulation", f"CGGUARD_SIMULATE_CUDA: no simulated CUDA runtime: {exc}")
         return

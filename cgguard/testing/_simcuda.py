@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import os
@@ -40,6 +41,9 @@ _EMPTY = (
     "on wrong device or stream."
 )
 _CUDA_DEVICE_TYPE = 1  # c10::DeviceType::CUDA, what torch reports as Stream.device_type
+# The calls a simulation that lasts the whole process keeps (CGGUARD_SIMULATE_CUDA, pytest's
+# --cgguard-simulate-cuda): a soak test replays for as long as it runs, at about 120 bytes a call.
+SESSION_MAX_CALLS = 10_000
 
 
 class SimulationError(CgguardError):
@@ -130,11 +134,13 @@ class SimulatedCuda:
     holds here is its events' records and waits and what ``launch()`` adds. Set
     ``warn_empty_captures`` where a program launches its simulated work that way, and a capture
     that holds none warns as torch warns of an empty graph.
+
+    ``max_calls``: the latest calls kept, all of them where None.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_calls: int | None = None) -> None:
         self._lock = threading.Lock()
-        self._calls: list[Call] = []
+        self._calls: collections.deque[Call] = collections.deque(maxlen=max_calls)
         self._captures: dict[int, ActiveCapture] = {}
         self._nodes: dict[int, int] = {}  # work captured so far, by graph id
         # Each capture under way numbered, by graph id: an event or a joined stream belongs to
@@ -156,7 +162,8 @@ class SimulatedCuda:
 
     @property
     def calls(self) -> list[Call]:
-        """A copy of the calls received so far, oldest first."""
+        """A copy of the calls received so far, oldest first: the latest ``max_calls`` of them
+        where the runtime keeps no more."""
         with self._lock:
             return list(self._calls)
 
@@ -894,6 +901,7 @@ def simulated_runtime(
     force: bool = False,
     unhook: Callable[[], None] = _nothing,
     rehook: Callable[[Device | None], None] = _told,
+    max_calls: int | None = None,
 ) -> Iterator[SimulatedCuda]:
     """Run torch's CUDA-graph code over cgguard's simulated CUDA runtime (no GPU).
 
@@ -901,6 +909,7 @@ def simulated_runtime(
     and restores every one on exit. Refuses where real CUDA is available unless ``force``.
     ``unhook`` runs before each swap and ``rehook`` after it (both under the activation lock):
     cgguard's hooks come off what is about to be replaced and go on what replaced it.
+    ``max_calls``: the latest calls its record keeps, every call where None.
 
     Which code is torch's own:
 
@@ -923,6 +932,11 @@ def simulated_runtime(
       None on both kinds of build without a device), so the simulation keeps its own.
     """
     global _ACTIVE
+    if max_calls is not None and (type(max_calls) is not int or max_calls < 0):
+        raise ValueError(
+            f"simulated_cuda(max_calls={max_calls!r}): None (every call) or a whole number of 0 "
+            "or more expected"
+        )
     import torch
 
     with _ACTIVATION_LOCK:
@@ -933,7 +947,7 @@ def simulated_runtime(
                 "real CUDA is available and simulated_cuda() would shadow it; "
                 "pass force=True to simulate anyway" + _SUFFIX
             )
-        sim = SimulatedCuda()
+        sim = SimulatedCuda(max_calls)
         unhook()
         device = None
         try:
