@@ -3,12 +3,15 @@ summary, the JSON report and cgguard report, on the simulated runtime."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
+import tracemalloc
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -868,4 +871,84 @@ def test_the_console_summary_names_a_site_without_a_file_an_unknown_site() -> No
         "  an unknown site: 1 capture (ended 1), 0.250000 s, bytes not measured\n"
         "torch.compile's skipped cudagraphs:\n"
         "  cpu device: 3 at an unknown site"
+    )
+
+
+def captures_in_code(census: Census, names: Iterator[str], source: str) -> weakref.ref[Any]:
+    """A capture in code compiled afresh under each of ``names`` (a request's, a cell's), as
+    the capture path sees it; a weak reference to the first code."""
+    _, end, hook = path_without_torch(census)
+    graph = _Graph()
+    first = None
+    for name in names:
+        code = compile(source, name, "exec")
+        exec(code, {"hook": hook, "end": end, "graph": graph})  # noqa: S102 - the test's own code
+        first = first or weakref.ref(code)
+        del code
+    assert first is not None
+    return first
+
+
+def test_twenty_thousand_one_off_sites_stay_bounded_and_hold_no_code() -> None:
+    """Code compiled per request: at most SITES_MAX sites, then one row for the other sites
+    counting the rest; no code object kept; under 16 MB, the report's text under 4 MB."""
+    census = Census()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        first = captures_in_code(
+            census, (f"<request {i}>" for i in range(20_000)), "hook(graph)\nend(graph)\n"
+        )
+        entries = census.captures()
+        size = len(json.dumps(entries))
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    other = entries[-1]
+    kept = 4096  # the bound docs/census.md states
+    assert (
+        len(entries),
+        (other["file"], other["line"], other["function"]),
+        (other["other_sites"], other["count"]),
+        sum(entry["count"] for entry in entries),
+        len(census),
+        first() is None,
+    ) == (kept + 1, (None, None, None), (20_000 - kept, 20_000 - kept), 20_000, 20_000, True)
+    assert (grown < 16 << 20, size < 4 << 20) == (True, True), (grown, size)
+
+
+def test_code_compiled_again_at_one_place_is_one_site() -> None:
+    """A module reloaded, a cell run again: new code at the same file and line is the same
+    site, in census() as in the summary."""
+    census = Census()
+    captures_in_code(census, ["<cell>"] * 3, "\nhook(graph)\nend(graph)\n")
+    (entry,) = census.captures()
+    assert (len(census), entry["file"], entry["line"], entry["count"]) == (1, "<cell>", 2, 3)
+
+
+def test_the_other_sites_read_as_such_in_the_summary_and_a_merge() -> None:
+    """The row of the other sites says how many sites it counts for; a job's merge adds the
+    rows of the other sites of its processes together, apart from an unknown site's."""
+    census = Census()
+    captures_in_code(
+        census,
+        (f"<request {i}>" for i in range(_census.SITES_MAX + 3)),
+        "hook(graph)\nend(graph)\n",
+    )
+    entries = census.captures()
+    unknown = {**entries[0], "file": None, "line": None, "function": None}
+    merged = _census_merge.CensusMerge()
+    merged.add("a", 1, 0, [entries[-1], unknown], [])
+    merged.add("b", 2, 1, [entries[-1]], [])
+    rows = {(row["file"], row.get("other_sites")): row["count"] for row in merged.captures()}
+    assert (
+        _census_merge.site_text(entries[-1]).split(":")[0],
+        rows,
+        merged.summary().split(" in ")[0],
+    ) == (
+        "3 other sites",
+        {(None, 6): 6, (None, None): 1},
+        "census: 7 captures at 7 sites",
     )

@@ -190,7 +190,9 @@ class Census:
     def __len__(self) -> int:
         """How many capture sites have been seen, those counted as other sites included."""
         other = self._other
-        return len(self._places) + (other.sites or 0 if other is not None else 0)
+        if other is None:
+            return len(self._places)
+        return len(self._places) - 1 + (other.sites or 0)  # the other sites are one place
 
     def seen(self) -> bool:
         """Whether anything was counted: a capture or a skipped compiled graph."""

@@ -166,6 +166,10 @@ def _line_of(code: CodeType, lasti: int) -> int:
         _lines[id(code)] = (code, starts, lines)
     else:
         starts, lines = cached[1], cached[2]
+    return _line_in(code, starts, lines, lasti)
+
+
+def _line_in(code: CodeType, starts: list[int], lines: list[int | None], lasti: int) -> int:
     # starts[0] is 0, so a lasti of 0 or more lies in one of the ranges.
     line = lines[bisect.bisect_right(starts, lasti) - 1]
     return code.co_firstlineno if line is None else line
@@ -297,7 +301,9 @@ def place_of(code: CodeType | None, lasti: int) -> Place | None:
     same place."""
     if code is None or code.co_filename.startswith(_hidden_prefixes()):
         return None
-    return code.co_filename, _line_of(code, lasti), code.co_name
+    # Not through _line_of's cache, which holds the code: asked once per place.
+    line = code.co_firstlineno if lasti < 0 else _line_in(code, *_line_table(code), lasti)
+    return code.co_filename, line, code.co_name
 
 
 def frame_of(place: Place | None) -> FrameInfo | None:
