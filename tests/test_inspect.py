@@ -118,8 +118,24 @@ def test_item_is_refused_before_it_runs_and_the_capture_ends_cleanly(inspected: 
         (lambda x: x[x > 1], "aten::index"),
         (lambda x: torch.masked_select(x, x > 1), "aten::masked_select"),
         (lambda x: torch.repeat_interleave(x, x.long()), "aten::repeat_interleave"),
+        (lambda x: torch.histc(x, 4), "aten::histc"),
+        (lambda x: torch.linalg.inv(torch.diag(x + 1)), "aten::_linalg_check_errors"),
+        (lambda x: torch.linalg.cholesky(torch.diag(x + 1)), "aten::_linalg_check_errors"),
+        (lambda x: torch.allclose(x, x + 1), "aten::allclose"),
     ],
-    ids=["bool", "int", "nonzero", "unique", "bool-mask", "masked_select", "repeat_interleave"],
+    ids=[
+        "bool",
+        "int",
+        "nonzero",
+        "unique",
+        "bool-mask",
+        "masked_select",
+        "repeat_interleave",
+        "histc",
+        "linalg.inv",
+        "linalg.cholesky",
+        "allclose",
+    ],
 )
 @pytest.mark.simulated
 def test_each_syncing_op_is_refused_on_the_simulation(sim: Any, call: Any, api: str) -> None:
@@ -144,6 +160,19 @@ def test_ops_that_do_not_synchronize_pass_untouched(sim: Any) -> None:
         y = (x * 3 + 1)[torch.tensor([0, 2])]
         z = torch.repeat_interleave(torch.tensor([1.0, 2.0]), torch.tensor([1, 2]), output_size=3)
     assert (events, y.tolist(), z.tolist()) == ([], [1.0, 7.0], [1.0, 2.0, 2.0])
+
+
+@pytest.mark.simulated
+def test_histc_given_its_range_passes_untouched(sim: Any) -> None:
+    """torch.histc with min and max given never reads the input's range on the host: not
+    reported, and its counts are the eager ones."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    x = torch.tensor([0.1, 0.4, 0.6, 0.9, 0.95])
+    expected = torch.histc(x, 2, min=0, max=1)
+    with capture_violations() as events, torch.cuda.graph(torch.cuda.CUDAGraph()):
+        counts = torch.histc(x, 2, min=0, max=1)
+    assert (events, counts.tolist()) == ([], expected.tolist())
+    assert capture_end_calls(sim) == [(1, True)]
 
 
 @pytest.mark.simulated

@@ -80,6 +80,23 @@ NUMBER, GPU_SCALAR = Fake("cpu", shape=()), Fake(shape=())
         ("aten::copy_", (GPU, HOST), {}, True),  # a blocking upload waits for the stream
         ("aten::copy_", (GPU, PINNED), {"non_blocking": True}, False),
         ("aten::copy_", (GPU, GPU), {}, False),
+        # histc(self, bins=100, min=0, max=0): equal bounds make it read self's min and max.
+        ("aten::histc", (GPU, 4), {}, True),
+        ("aten::histc", (GPU, 4, 1.5, 1.5), {}, True),
+        ("aten::histc", (GPU, 4, 0, 1), {}, False),
+        ("aten::histc", (GPU, 4), {"min": -1.0, "max": 1.0}, False),
+        ("aten::histc", (Fake(shape=(0,)), 4), {}, False),  # empty: no min() to read
+        ("aten::histc", (HOST, 4), {}, False),
+        # Bounds compared as the kernel's type holds them: 0.2 and 0.7 are both 0 as integers,
+        # and two doubles one float32 apart from nothing are one float32.
+        ("aten::histc", (Fake(dtype="torch.int64"), 4, 0.2, 0.7), {}, True),
+        ("aten::histc", (Fake(dtype="torch.int64"), 4, 0.2, 1.7), {}, False),
+        ("aten::histc", (GPU, 4, 1.0, 1.0 + 1e-12), {}, True),
+        ("aten::histc", (Fake(dtype="torch.float64"), 4, 1.0, 1.0 + 1e-12), {}, False),
+        ("aten::_linalg_check_errors", (Fake(dtype="torch.int32"), "linalg.inv"), {}, True),
+        ("aten::_linalg_check_errors", (Fake("cpu", dtype="torch.int32"), "linalg.inv"), {}, False),
+        ("aten::allclose", (GPU, GPU), {}, True),
+        ("aten::allclose", (HOST, HOST), {}, False),
     ],
 )
 def test_each_entry_syncs_only_where_its_torch_source_says(

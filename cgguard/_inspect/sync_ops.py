@@ -11,6 +11,7 @@ is a plain predicate over the op's arguments, given what stands for a device ten
 
 from __future__ import annotations
 
+import struct
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -101,6 +102,33 @@ def _mask_index_put(args: tuple[Any, ...], kwargs: Mapping[str, Any], on_device:
     return bool(accumulate) or len(defined) != 1 or not _host_scalar(value, on_device)
 
 
+def _histc_range(args: tuple[Any, ...], kwargs: Mapping[str, Any], on_device: OnDevice) -> bool:
+    # histc(self, bins=100, min=0, max=0). aten/src/ATen/native/cuda/SummaryOps.cu:
+    # _histc_cuda converts min and max to the accumulate type of self's dtype (acc_type<scalar_t,
+    # true>) and _histc_cuda_template, `if (min == max && self.numel() > 0)`, reads the range as
+    # self.min().cpu() and self.max().cpu(). Given a range, the histogram runs on the device.
+    if not args or not on_device(args[0]):
+        return False
+    self = args[0]
+    low = args[2] if len(args) > 2 else kwargs.get("min", 0)
+    high = args[3] if len(args) > 3 else kwargs.get("max", 0)
+    return _same_bound(low, high, str(getattr(self, "dtype", ""))) and self.numel() > 0
+
+
+def _same_bound(low: Any, high: Any, dtype: str) -> bool:
+    """Whether ``low == high`` as CUDA's accumulate type of ``dtype`` holds them (c10's
+    AccumulateType.h): int64_t for integers (Scalar::to truncates), float for float32, float16
+    and bfloat16, double for float64."""
+    try:
+        if dtype.startswith(("torch.int", "torch.uint")):
+            return int(low) == int(high)
+        if dtype in ("torch.float32", "torch.float16", "torch.bfloat16"):
+            return bool(_FLOAT32.unpack(_FLOAT32.pack(low)) == _FLOAT32.unpack(_FLOAT32.pack(high)))
+        return bool(float(low) == float(high))
+    except (TypeError, ValueError, OverflowError, struct.error):
+        return bool(low == high)
+
+
 def _host_scalar(value: Any, on_device: OnDevice) -> bool:
     """Whether ``value`` is one element in host memory (what `x[mask] = 0.0` passes)."""
     try:
@@ -130,6 +158,7 @@ def _pinned(tensor: Any) -> bool:
 
 
 _MEMCPY_AND_SYNC = "at::cuda::memcpy_and_sync (c10/cuda/CUDAFunctions.h)"
+_FLOAT32 = struct.Struct("f")
 # The sources two overloads each share.
 _MASK_INDEX_PUT = (
     "aten/src/ATen/native/IndexingUtils.h: expandTensors turns a bool or uint8 index into "
@@ -213,6 +242,24 @@ SYNC_OPS: dict[str, SyncOp] = {
     "aten::equal": SyncOp(
         "torch.equal()",
         "aten/src/ATen/native/cuda/Equal.cpp: cuda_equal returns eq(self, other).all().item()",
+    ),
+    "aten::histc": SyncOp(
+        "torch.histc() or x.histc() without a range (min == max, as by default)",
+        "aten/src/ATen/native/cuda/SummaryOps.cu: _histc_cuda_template reads self.min().cpu() "
+        "and self.max().cpu() on the host when min == max",
+        _histc_range,
+    ),
+    "aten::_linalg_check_errors": SyncOp(
+        "torch.linalg.inv(), torch.linalg.cholesky(), torch.linalg.solve() or another linalg "
+        "function that checks its result (not the _ex variants)",
+        "aten/src/ATen/native/BatchLinearAlgebra.cpp: _linalg_check_errors reads "
+        "infos.any().item<bool>() on the host (linalg_inv, linalg_cholesky and the other "
+        "checked linalg functions call it after their _ex kernel)",
+    ),
+    "aten::allclose": SyncOp(
+        "torch.allclose() or x.allclose(other)",
+        "aten/src/ATen/native/TensorCompare.cpp: allclose returns "
+        "isclose(self, other, ...).all().item<uint8_t>(), a host read below the dispatch mode",
     ),
     "aten::_to_copy": SyncOp(
         "x.cpu(), x.to('cpu'), x.tolist() or x.numpy() of a device tensor, or cpu_t.cuda(), "
