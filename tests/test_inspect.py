@@ -920,6 +920,39 @@ def test_an_out_tensor_freed_after_the_capture_is_a_dead_input(sim: Any) -> None
         graph.replay()
 
 
+# Meta and fake tensors: no memory, no kernel
+
+
+@pytest.mark.simulated
+def test_an_op_on_a_meta_tensor_is_no_implicit_sync(sim: Any) -> None:
+    """A meta tensor runs no kernel on any device: torch.histc and nonzero on one inside a
+    capture are let through, not reported, and the capture ends."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    meta = torch.ones(4, device="meta")
+    # nonzero on meta is refused unless torch is told to assume every element is non-zero
+    # (torch/_meta_registrations.py: nonzero).
+    assume = torch.fx.experimental._config.patch(meta_nonzero_assume_all_nonzero=True)
+    with capture_violations() as events, assume:
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            counts, positions = torch.histc(meta), meta.nonzero()
+    assert (events, counts.shape, positions.shape) == ([], (100,), (4, 1))
+
+
+@pytest.mark.simulated
+def test_an_op_on_a_fake_tensor_is_no_implicit_sync(sim: Any) -> None:
+    """A fake tensor runs no kernel on any device: torch.histc on one inside a capture is let
+    through, not reported."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    with FakeTensorMode():
+        fake = torch.ones(4)
+    with capture_violations() as events:
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            counts = torch.histc(fake)  # told by the fake tensor's own mode
+    assert (events, counts.shape) == ([], (100,))
+
+
 # What stands for a device tensor, and shallow stacks
 
 
@@ -928,6 +961,17 @@ def test_the_cuda_predicate_takes_any_argument() -> None:
     tensors to the sync table; a dense CPU tensor is not one either."""
     sparse = torch.zeros(3).to_sparse()
     assert [_patches._is_cuda(v) for v in (True, None, [1], sparse, torch.zeros(2))] == [False] * 5
+
+
+def test_a_fake_or_meta_tensor_is_no_device_tensor_to_the_sync_table() -> None:
+    """A fake CUDA tensor (its storage is meta) and a meta tensor run no kernel on any device:
+    neither is a device tensor to the sync table, whatever device it says."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        fake = torch.ones(3, device="cuda")
+    meta = torch.ones(3, device="meta")
+    assert (fake.is_cuda, [_patches._is_cuda(v) for v in (fake, meta)]) == (True, [False] * 2)
 
 
 def test_the_sync_table_judges_torch_uniques_arguments_with_the_cuda_predicate() -> None:

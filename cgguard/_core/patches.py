@@ -157,10 +157,18 @@ def torch_probes() -> Probes:
 
 
 def _is_cuda(value: Any) -> bool:
-    """Whether ``value`` is a strided CUDA tensor: an op's argument may be anything (a bool, a
-    list), and a sparse tensor has no storage of its own to copy or index."""
+    """Whether ``value`` is a strided CUDA tensor with memory: an op's argument may be anything
+    (a bool, a list), a sparse tensor has no storage of its own to copy or index, and a fake
+    CUDA tensor runs no kernel."""
     torch = sys.modules["torch"]
-    return isinstance(value, torch.Tensor) and value.is_cuda and value.layout == torch.strided
+    if not (isinstance(value, torch.Tensor) and value.is_cuda and value.layout == torch.strided):
+        return False
+    try:
+        # torch's FakeTensor says the device it stands for but keeps a meta storage
+        # (torch/_subclasses/fake_tensor.py, FakeTensor.__new__ wraps a meta elem).
+        return bool(value.untyped_storage().device.type != "meta")
+    except Exception:
+        return True  # a subclass that refuses its storage: its device says
 
 
 def _memory_probe(cuda: ModuleType) -> Callable[[], tuple[int, int, int] | None] | None:
