@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
+import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import cgguard
@@ -23,6 +24,7 @@ from cgguard import _process
 from cgguard._core import patches as _patches
 from cgguard._inspect import inspector as _inspect
 from cgguard._inspect import liveness as _liveness
+from cgguard._inspect import mode as _mode
 from cgguard._inspect import rng as _rng
 from cgguard._inspect.sync_ops import SYNC_OPS, syncs
 from cgguard.testing import capture_violations, simulated_cuda
@@ -920,7 +922,183 @@ def test_an_out_tensor_freed_after_the_capture_is_a_dead_input(sim: Any) -> None
         graph.replay()
 
 
+# Tensor subclasses
+
+
+class Pair(torch.Tensor):
+    """A wrapper tensor subclass in the shape of torch's own test one
+    (torch/testing/_internal/two_tensor.py's TwoTensor), as DTensor, float8 and NF4 tensors are:
+    no memory of its own, two inner tensors that __tensor_flatten__ names, each op run on both."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, a: torch.Tensor, b: torch.Tensor) -> Pair:
+        return torch.Tensor._make_wrapper_subclass(  # type: ignore[no-any-return]
+            cls,
+            a.shape,
+            strides=a.stride(),
+            storage_offset=a.storage_offset(),
+            dtype=a.dtype,
+            device=a.device,
+            layout=a.layout,
+        )
+
+    def __init__(self, a: torch.Tensor, b: torch.Tensor) -> None:
+        self.a, self.b = a, b
+
+    def __tensor_flatten__(self) -> tuple[list[str], None]:
+        return ["a", "b"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict[str, torch.Tensor], *_: object) -> Pair:
+        return Pair(inner["a"], inner["b"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        args_a, kwargs_a = pytree.tree_map_only(Pair, lambda p: p.a, (args, kwargs or {}))
+        args_b, kwargs_b = pytree.tree_map_only(Pair, lambda p: p.b, (args, kwargs or {}))
+        out_a, out_b = func(*args_a, **kwargs_a), func(*args_b, **kwargs_b)
+        return Pair(out_a, out_b) if isinstance(out_a, torch.Tensor) else out_a
+
+
+@pytest.mark.simulated
+@pytest.mark.parametrize("wrapper_first", [True, False], ids=["wrapper-first", "wrapper-second"])
+def test_a_tensor_read_beside_a_wrapper_subclass_is_held(
+    sim: Any, capsys: pytest.CaptureFixture[str], wrapper_first: bool
+) -> None:
+    """A wrapper subclass (no memory of its own) beside a plain tensor, in either order: the
+    plain tensor is still an input, and its freeing refuses the replay; no internal error."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    wrapped, x = Pair(torch.ones(3), torch.zeros(3)), torch.ones(2, 3)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = torch.add(wrapped, x) if wrapper_first else torch.add(x, wrapped)
+    graph.replay()
+    del x
+    gc.collect()
+    with pytest.raises(cgguard.DeadInputError) as refused:
+        graph.replay()
+    described = "(a float32 tensor of shape (2, 3), first read" in refused.value.event["message"]
+    assert (capsys.readouterr().err, described) == ("", True)
+    del y, wrapped
+
+
+@pytest.mark.simulated
+def test_a_freed_inner_tensor_of_a_wrapper_subclass_is_a_dead_input(sim: Any) -> None:
+    """The memory a wrapper subclass reads is its inner tensors' (its __tensor_flatten__): one
+    freed after the capture refuses the replay."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    a, b = torch.ones(4), torch.zeros(4)
+    wrapped = Pair(a, b)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = wrapped * 2
+    graph.replay()
+    wrapped.b = torch.zeros(4)  # the wrapper rebound: the graph still reads the old b
+    del b
+    gc.collect()
+    with pytest.raises(cgguard.DeadInputError) as refused:
+        graph.replay()
+    assert "(a float32 tensor of shape (4,), first read" in refused.value.event["message"]
+    del y, a
+
+
+@pytest.mark.simulated
+def test_a_wrapper_subclass_the_capture_made_holds_no_input(sim: Any) -> None:
+    """A wrapper subclass an op of the capture returned holds the capture's own memory: read by
+    a later op and let go, its inner tensors are no dead inputs; the two of the wrapper it was
+    made from are."""
+    cgguard.install(cgguard.Config(inspect=True, mode="log", log_file="/dev/null"))
+    wrapped = Pair(torch.ones(4), torch.zeros(4))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        temporary = wrapped + 1
+        out = temporary * 2
+        del temporary
+    del wrapped
+    gc.collect()
+    with capture_violations() as events:
+        graph.replay()
+    assert (violations(events), out.a.tolist(), out.b.tolist()) == (
+        ["dead_input", "dead_input"],
+        [4.0] * 4,
+        [2.0] * 4,
+    )
+
+
+@pytest.mark.simulated
+def test_a_wrapper_subclass_inside_another_is_looked_through(sim: Any) -> None:
+    """A wrapper subclass whose inner tensor is a wrapper subclass (a DTensor of float8
+    tensors): the innermost tensors are the inputs, and one freed refuses the replay."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    b = torch.zeros(2, 2)
+    nested = Pair(Pair(torch.ones(2, 2), b), torch.ones(2, 2))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = nested * 2
+    graph.replay()
+    nested.a.b = torch.zeros(2, 2)
+    del b
+    gc.collect()
+    with pytest.raises(cgguard.DeadInputError) as refused:
+        graph.replay()
+    assert "(a float32 tensor of shape (2, 2), first read" in refused.value.event["message"]
+    del y
+
+
+class Looped(Pair):
+    """A wrapper subclass whose __tensor_flatten__ names itself: a look-through must stop."""
+
+    flattened = 0
+
+    def __tensor_flatten__(self) -> tuple[list[str], None]:
+        Looped.flattened += 1
+        return ["itself", "b"], None
+
+    @property
+    def itself(self) -> Looped:
+        return self
+
+
+@pytest.mark.simulated
+def test_a_wrapper_subclass_that_names_itself_is_looked_through_a_bounded_depth(
+    sim: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A wrapper subclass that names itself among its inner tensors: the look-through stops at
+    its bound (the wrapper and its nestings to that depth flattened, once each), with no
+    internal error, and the inner tensor it names is still an input."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    b = torch.zeros(3)
+    looped = Looped(torch.ones(3), b)
+    Looped.flattened = 0
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = looped + 1
+    flattened = Looped.flattened
+    looped.b = torch.zeros(3)
+    del b
+    gc.collect()
+    with pytest.raises(cgguard.DeadInputError):
+        graph.replay()
+    assert (capsys.readouterr().err, flattened) == ("", _mode._DEPTH + 1)
+    del y
+
+
 # Meta and fake tensors: no memory, no kernel
+
+
+@pytest.fixture
+def warn_always() -> Iterator[None]:
+    """torch's own warnings each time, not once per process (torch.set_warn_always): the
+    FakeTensor data_ptr warning comes from C++ once per process otherwise."""
+    before = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)
+    try:
+        yield
+    finally:
+        torch.set_warn_always(before)
 
 
 @pytest.mark.simulated
@@ -936,6 +1114,31 @@ def test_an_op_on_a_meta_tensor_is_no_implicit_sync(sim: Any) -> None:
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
             counts, positions = torch.histc(meta), meta.nonzero()
     assert (events, counts.shape, positions.shape) == ([], (100,), (4, 1))
+
+
+@pytest.mark.simulated
+@pytest.mark.usefixtures("warn_always")
+def test_fake_tensors_in_a_capture_are_not_read(sim: Any) -> None:
+    """Fake tensors (torch's FakeTensorMode) have no memory: inside an inspected capture their
+    data pointers are not read, so torch warns of no read, and none is an input."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    x = torch.ones(4)
+    with FakeTensorMode():
+        fake = torch.ones(4)
+    graph = torch.cuda.CUDAGraph()
+    with warnings.catch_warnings(record=True) as caught, capture_violations() as events:
+        warnings.simplefilter("always")
+        with torch.cuda.graph(graph):
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                inside = torch.ones(4) * 2 + x
+            doubled = fake * 2  # told by the fake tensor's own mode
+            y = x * 2
+        del fake, inside, doubled
+        gc.collect()
+        graph.replay()
+    assert ([str(w.message) for w in caught], events, y.tolist()) == ([], [], [2.0] * 4)
 
 
 @pytest.mark.simulated

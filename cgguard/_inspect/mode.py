@@ -11,6 +11,11 @@ The mode says ``ignore_compile_internals()``: torch 2.13's dynamo runs a compile
 eagerly while any other dispatch mode is on the stack (torch/_dynamo/convert_frame.py,
 ``any_torch_dispatch_mode_on_stack``), which would change what is captured. Compiled code
 stays compiled, and the mode does not see the ops inside it (docs/inspection.md).
+
+While the mode's ``__torch_dispatch__`` runs, torch has taken the mode off the stack
+(torch/csrc/utils/torch_dispatch_mode.h, ``StashTorchDispatchModeGuard``), so what it asks of a
+tensor subclass, and the op it forwards, never come back to it: a wrapper subclass's own ops on
+its inner tensors are not seen. Its inner tensors are read where the wrapper is.
 """
 
 from __future__ import annotations
@@ -26,6 +31,11 @@ if TYPE_CHECKING:
 
     from cgguard._inspect.liveness import Inputs
     from cgguard._inspect.sync_ops import SyncOp
+
+
+# How deep inspection looks through wrapper subclasses nested in one another (a DTensor of
+# float8 tensors is two): deeper ones, or one that names itself, are not followed further.
+_DEPTH = 8
 
 
 class Watched(Protocol):
@@ -45,14 +55,57 @@ class Watched(Protocol):
 def mode_type() -> type:
     """The dispatch mode's class, made once torch is imported (cgguard never imports it)."""
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
     tensor = torch.Tensor
+    # A Parameter is made of a plain tensor only (torch/nn/parameter.py, Parameter.__new__: a
+    # subclass's data keeps its own class): both take the hot path, any other subclass held().
+    parameter = torch.nn.Parameter
     # torch.tensor(...) inside the capture: its value is made below the dispatcher, then lifted.
     lift_fresh = torch.ops.aten.lift_fresh.default
     unknown = object()
     # Each op's table entry, found once per OpOverload: then one dictionary look-up per op.
     known: dict[Any, SyncOp | None] = {}
+
+    def held(value: Any, every: bool) -> list[tuple[Any, Any, int]]:
+        """The memory a tensor subclass reads, as (tensor, storage, address): its own, or a
+        wrapper subclass's inner tensors', each looked at alone."""
+        found: list[tuple[Any, Any, int]] = []
+        gather(value, every, found, 0)
+        return found
+
+    def gather(value: Any, every: bool, found: list[tuple[Any, Any, int]], depth: int) -> None:
+        try:
+            # A wrapper subclass (DTensor, float8, NF4) has no memory of its own (its storage's
+            # data_ptr raises); torch's own look-through is its __tensor_flatten__, the names
+            # of its inner tensors (torch/_subclasses/fake_tensor.py: get_plain_tensors).
+            names = value.__tensor_flatten__()[0] if is_traceable_wrapper_subclass(value) else None
+        except Exception:
+            return
+        if names is not None:
+            if depth < _DEPTH:
+                for name in names:
+                    try:
+                        inner = getattr(value, name)
+                    except Exception:  # noqa: S112 - a subclass's own failure: skip that one
+                        continue
+                    gather(inner, every, found, depth + 1)
+            return
+        if not isinstance(value, tensor):
+            return  # an opaque inner value, no tensor
+        try:
+            storage = value.untyped_storage()
+            # A meta storage is no memory: a meta tensor's, and a fake tensor's (FakeTensor is
+            # its meta elem's, torch/_subclasses/fake_tensor.py FakeTensor.__new__), whose
+            # data_ptr warns (_set_warn_deprecated_on_mutable_data_ptr there): never read it.
+            where = storage.device.type
+            if where == "meta" or not (every or where == "cuda"):
+                return
+            address = storage.data_ptr()
+        except Exception:
+            return  # sparse, or a subclass that refuses its data pointer: nothing to hold
+        if address:
+            found.append((value, storage, address))
 
     class InspectionMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's
         """Forwards every op; tells the capture it watches for before and after."""
@@ -77,7 +130,7 @@ def mode_type() -> type:
             kwargs: Mapping[str, Any] | None = None,
         ) -> Any:
             # The hot path of every op inside an inspected capture: inlined, no calls but
-            # torch's, one look-up per op and per tensor already seen.
+            # torch's for plain tensors, one look-up per op and per tensor already seen.
             capture = self.capture
             if kwargs is None:
                 kwargs = {}
@@ -98,10 +151,8 @@ def mode_type() -> type:
                 out = func(*args, **kwargs)
                 for value in (*args, out):
                     if isinstance(value, tensor):
-                        try:
-                            inputs.made(value.untyped_storage().data_ptr())
-                        except Exception:  # noqa: S112 - no storage of its own: nothing to hold
-                            continue
+                        for _, _, address in held(value, True):
+                            inputs.made(address)
                 return out
             # out= tensors are read as inputs too: the graph writes where they live.
             scanned = (*args, *kwargs.values()) if kwargs else args
@@ -109,26 +160,40 @@ def mode_type() -> type:
                 for arg in scanned:
                     # A tensor, or a list or tuple of them (torch.cat's): one level deep.
                     for item in arg if type(arg) is list or type(arg) is tuple else (arg,):
-                        if isinstance(item, tensor) and (every or item.is_cuda):
-                            try:
-                                storage = item.untyped_storage()
-                            except Exception:  # noqa: S112 - sparse: no storage to hold
-                                continue
-                            address = storage.data_ptr()
-                            if address and address not in seen:
-                                inputs.read(storage, address, item)
+                        kind = type(item)
+                        if kind is tensor or kind is parameter:
+                            if every or item.is_cuda:
+                                # Each tensor alone: one that has no memory to read leaves
+                                # the op's other tensors read.
+                                try:
+                                    storage = item.untyped_storage()
+                                    address = storage.data_ptr()
+                                except Exception:  # noqa: S112 - sparse: no storage to hold
+                                    continue
+                                if address and address not in seen:
+                                    inputs.read(storage, address, item)
+                        elif isinstance(item, tensor):
+                            for leaf, storage, address in held(item, every):
+                                if address not in seen:
+                                    inputs.read(storage, address, leaf)
             except Exception as exc:
                 warn_once("inspect:read", f"internal error while inspecting an op: {exc!r}")
             out = func(*args, **kwargs)
             try:
                 for value in out if type(out) is tuple or type(out) is list else (out,):
-                    if isinstance(value, tensor) and (every or value.is_cuda):
-                        try:
-                            address = value.untyped_storage().data_ptr()
-                        except Exception:  # noqa: S112 - sparse: no storage to hold
-                            continue
-                        if address and address not in seen:
-                            seen[address] = None  # the capture's own allocation
+                    kind = type(value)
+                    if kind is tensor or kind is parameter:
+                        if every or value.is_cuda:
+                            try:
+                                address = value.untyped_storage().data_ptr()
+                            except Exception:  # noqa: S112 - sparse: no storage to hold
+                                continue
+                            if address and address not in seen:
+                                seen[address] = None  # the capture's own allocation
+                    elif isinstance(value, tensor):
+                        for _, _, address in held(value, every):
+                            if address not in seen:
+                                seen[address] = None
             except Exception as exc:
                 warn_once("inspect:made", f"internal error while inspecting an op: {exc!r}")
             return out
