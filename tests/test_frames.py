@@ -635,9 +635,10 @@ def test_line_of_walks_co_lines_once_per_code_object() -> None:
     )
 
 
-def test_line_tables_are_bounded_and_hold_their_code(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Code made at run time keeps coming: the tables start again past their bound, and each
-    holds its code object, so that an id() is not reused while its table stands."""
+def test_line_tables_are_bounded_and_go_with_their_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Code made at run time keeps coming: the tables start again past their bound; each holds
+    its code object weakly, and goes with it, so that an id() is never another code's table's
+    while the code itself is not kept alive by it."""
     monkeypatch.setattr(_frames, "_CACHE_MAX", 8)
     monkeypatch.setattr(_frames, "_lines", {})
     # Each code's last instruction, its return, is on its last line: line n + 1.
@@ -645,7 +646,11 @@ def test_line_tables_are_bounded_and_hold_their_code(monkeypatch: pytest.MonkeyP
     lines = [_frames._line_of(code, len(code.co_code) - 2) for code in codes]
     assert lines == [n + 1 for n in range(20)]
     assert len(_frames._lines) <= 8
-    assert all(entry[0] is codes[ident] for ident, entry in _by_code(codes).items())
+    assert all(entry[0]() is codes[ident] for ident, entry in _by_code(codes).items())
+    kept = len(_frames._lines)
+    del codes[-1]
+    gc.collect()
+    assert len(_frames._lines) == kept - 1
 
 
 def _by_code(codes: list[CodeType]) -> dict[int, tuple[object, ...]]:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import inspect
 import linecache
 import opcode
 import os
 import sys
+import weakref
 from types import FrameType
-from typing import TYPE_CHECKING, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from cgguard._support.text import safe
 
@@ -147,11 +149,25 @@ def resolve(stack: Snapshot | LiveStack) -> Snapshot:
     return stack
 
 
-# By id(), holding the code object as _visible does: where each range of a code object's
-# instructions starts, and its line. co_lines() is walked once per code object, since a walk
-# from the start for every frame rendered makes a generated function of thousands of lines
-# (inductor's output code, a templated kernel) cost in proportion to its size per violation.
-_lines: dict[int, tuple[CodeType, list[int], list[int | None]]] = {}
+# By id(), the code object held weakly, its entry gone with it (before its id() can be
+# another's): where each range of a code object's instructions starts, and its line. co_lines()
+# is walked once per code object, since a walk from the start for every frame rendered makes a
+# generated function of thousands of lines (inductor's output code, a templated kernel) cost in
+# proportion to its size per violation, or per census site.
+_lines: dict[int, tuple[weakref.ref[CodeType], list[int], list[int | None]]] = {}
+
+
+def _forget(cache: dict[int, tuple[Any, ...]], ident: int, ref: weakref.ref[CodeType]) -> None:
+    """A code object held weakly by ``cache`` is gone: its entry goes. The garbage collector's,
+    on any thread: one dict operation each, no lock."""
+    held = cache.get(ident)
+    if held is not None and held[0] is ref:
+        cache.pop(ident, None)
+
+
+def _held(cache: dict[int, tuple[Any, ...]], code: CodeType) -> weakref.ref[CodeType]:
+    """A weak reference to ``code`` that takes its entry out of ``cache`` with it."""
+    return weakref.ref(code, functools.partial(_forget, cache, id(code)))
 
 
 def _line_of(code: CodeType, lasti: int) -> int:
@@ -163,13 +179,9 @@ def _line_of(code: CodeType, lasti: int) -> int:
         if len(_lines) >= _CACHE_MAX:
             _lines.clear()
         starts, lines = _line_table(code)
-        _lines[id(code)] = (code, starts, lines)
+        _lines[id(code)] = (_held(_lines, code), starts, lines)
     else:
         starts, lines = cached[1], cached[2]
-    return _line_in(code, starts, lines, lasti)
-
-
-def _line_in(code: CodeType, starts: list[int], lines: list[int | None], lasti: int) -> int:
     # starts[0] is 0, so a lasti of 0 or more lies in one of the ranges.
     line = lines[bisect.bisect_right(starts, lasti) - 1]
     return code.co_firstlineno if line is None else line
@@ -301,9 +313,7 @@ def place_of(code: CodeType | None, lasti: int) -> Place | None:
     same place."""
     if code is None or code.co_filename.startswith(_hidden_prefixes()):
         return None
-    # Not through _line_of's cache, which holds the code: asked once per place.
-    line = code.co_firstlineno if lasti < 0 else _line_in(code, *_line_table(code), lasti)
-    return code.co_filename, line, code.co_name
+    return code.co_filename, _line_of(code, lasti), code.co_name
 
 
 def frame_of(place: Place | None) -> FrameInfo | None:
@@ -362,8 +372,8 @@ def format_frames(frames: list[FrameInfo]) -> str:
 
 
 # By id(): a code object's own hash walks its names and constants on every call. Each entry
-# holds its code object, so that id() cannot be reused while the entry stands.
-_visible: dict[int, tuple[CodeType, bool]] = {}
+# holds its code object weakly and goes with it, before its id() can be another's.
+_visible: dict[int, tuple[weakref.ref[CodeType], bool]] = {}
 _prefixes: tuple[str, ...] = ()
 
 
@@ -380,7 +390,7 @@ def visible(code: CodeType) -> bool:
         _visible.clear()
     shown = not code.co_filename.startswith(_prefixes)
     if len(_prefixes) == 2 + len(_HIDDEN_PACKAGES):  # a verdict made with every prefix known
-        _visible[id(code)] = (code, shown)
+        _visible[id(code)] = (_held(_visible, code), shown)
     return shown
 
 
