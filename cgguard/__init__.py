@@ -24,9 +24,19 @@ if TYPE_CHECKING:
         ImplicitSyncError,
         NestedCaptureError,
         RngDuringCaptureError,
+        StaleBindingError,
         SyncDuringCaptureError,
     )
-    from cgguard._install import Status, census, install, is_installed, status, uninstall
+    from cgguard._inspect.bindings import StaleBinding
+    from cgguard._install import (
+        Status,
+        census,
+        check_bindings,
+        install,
+        is_installed,
+        status,
+        uninstall,
+    )
     from cgguard._switch import (
         capture_disabled,
         capture_enabled,
@@ -48,6 +58,8 @@ __all__ = [
     "ImplicitSyncError",
     "NestedCaptureError",
     "RngDuringCaptureError",
+    "StaleBinding",
+    "StaleBindingError",
     "Status",
     "SyncDuringCaptureError",
     "__version__",
@@ -55,6 +67,7 @@ __all__ = [
     "capture_disabled",
     "capture_enabled",
     "census",
+    "check_bindings",
     "follow_flag",
     "install",
     "is_capture_enabled",
@@ -77,6 +90,8 @@ _HOMES = {
     "ImplicitSyncError": "cgguard._errors",
     "NestedCaptureError": "cgguard._errors",
     "RngDuringCaptureError": "cgguard._errors",
+    "StaleBinding": "cgguard._inspect.bindings",
+    "StaleBindingError": "cgguard._errors",
     "Status": "cgguard._install",
     "SyncDuringCaptureError": "cgguard._errors",
     "__version__": "cgguard._version",
@@ -84,6 +99,7 @@ _HOMES = {
     "capture_disabled": "cgguard._switch",
     "capture_enabled": "cgguard._switch",
     "census": "cgguard._install",
+    "check_bindings": "cgguard._install",
     "follow_flag": "cgguard._switch",
     "install": "cgguard._install",
     "is_capture_enabled": "cgguard._switch",

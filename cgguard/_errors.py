@@ -83,6 +83,13 @@ class DeadInputError(CaptureViolation):
     rule = "dead_input"
 
 
+class StaleBindingError(CaptureViolation):
+    """A graph was replayed after a name its capture read a tensor by had been rebound to
+    another tensor (another storage, dtype, shape, strides or offset)."""
+
+    rule = "stale_binding"
+
+
 class RngDuringCaptureError(CaptureViolation):
     """The CUDA random-number generator was seeded or its state read or set during a capture."""
 

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from cgguard._data.schema import CensusReport
     from cgguard._gate.profiles import ProfileInfo
     from cgguard._gate.windows import WindowInfo
+    from cgguard._inspect.bindings import StaleBinding
     from cgguard._rules.record import Record
     from cgguard._support.frames import FrameInfo
 
@@ -202,6 +203,30 @@ def census() -> CensusReport:
         return {"captures": [], "cudagraph_skips": []}
     counted = installation.run.census
     return {"captures": counted.captures(fresh=True), "cudagraph_skips": counted.skips()}
+
+
+def check_bindings() -> list[StaleBinding]:
+    """Check every live graph captured under inspection now: each name its capture read a
+    tensor by (``runner.model.layers[3].self_attn.W_UV``) that holds another tensor now.
+
+    Returns them (``name``, ``site``, ``change``, ``rebound_at``) and logs each as a
+    ``stale_binding`` event, whatever the mode: its caller asked, so it never raises. A later
+    replay of such a graph is still refused under the mode. Empty where inspection is off, or
+    no graph was captured under it. For rebindings cgguard cannot see as they happen (an item
+    of a dict, an attribute of an object that is not a module, an assignment from C++).
+    """
+    process = _process.PROCESS
+    with process.lock:
+        installation = process.installation
+    if installation is None:
+        return []
+    for watcher in installation.watchers:
+        # The inspector's, where inspection is on (its module is imported only then).
+        check = getattr(watcher, "check_bindings", None)
+        if check is not None:
+            found: list[StaleBinding] = check(refuse=False)
+            return found
+    return []
 
 
 class LeftOpen(NamedTuple):

@@ -121,6 +121,7 @@ DEFAULT_CONFIGURATION = [
     "  rule           abandoned_capture: log (default)",
     "  rule           implicit_sync: raise (default)",
     "  rule           dead_input: raise (default)",
+    "  rule           stale_binding: raise (default)",
     "  rule           rng_during_capture: raise (default)",
 ]
 

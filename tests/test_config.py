@@ -37,12 +37,14 @@ RULES = (
     "abandoned_capture",
     "implicit_sync",
     "dead_input",
+    "stale_binding",
     "rng_during_capture",
 )
 PATHS = "None or a path, a str or os.PathLike (not blank, no NUL character)"
 RULES_ACCEPTED = (
     "accepted rules are capture_disabled, nested_capture, concurrent_capture, "
-    "sync_during_capture, abandoned_capture, implicit_sync, dead_input, rng_during_capture; "
+    "sync_during_capture, abandoned_capture, implicit_sync, dead_input, stale_binding, "
+    "rng_during_capture; "
     "actions are raise, log, off"
 )
 
@@ -147,21 +149,21 @@ def test_inspect_first_refuses_what_is_not_a_count(value: object) -> None:
             {"rules": {"nested": "off"}},
             "Config(rules={'nested': 'off'}): accepted rules are capture_disabled, "
             "nested_capture, concurrent_capture, sync_during_capture, abandoned_capture, "
-            "implicit_sync, dead_input, rng_during_capture; "
+            "implicit_sync, dead_input, stale_binding, rng_during_capture; "
             "actions are raise, log, off",
         ),
         (
             {"rules": {"nested_capture": "warn"}},
             "Config(rules={'nested_capture': 'warn'}): accepted rules are capture_disabled, "
             "nested_capture, concurrent_capture, sync_during_capture, abandoned_capture, "
-            "implicit_sync, dead_input, rng_during_capture; "
+            "implicit_sync, dead_input, stale_binding, rng_during_capture; "
             "actions are raise, log, off",
         ),
         (
             {"rules": {"sync_during_capture": "OFF"}},
             "Config(rules={'sync_during_capture': 'OFF'}): accepted rules are capture_disabled, "
             "nested_capture, concurrent_capture, sync_during_capture, abandoned_capture, "
-            "implicit_sync, dead_input, rng_during_capture; "
+            "implicit_sync, dead_input, stale_binding, rng_during_capture; "
             "actions are raise, log, off",
         ),
     ],
@@ -221,6 +223,7 @@ def test_equal_configs_hash_equal() -> None:
                 "nested_capture": "raise",
                 "implicit_sync": "raise",
                 "dead_input": "raise",
+                "stale_binding": "raise",
                 "rng_during_capture": "raise",
                 "concurrent_capture": "log",
                 "sync_during_capture": "log",
@@ -234,6 +237,7 @@ def test_equal_configs_hash_equal() -> None:
                 "nested_capture": "log",
                 "implicit_sync": "log",
                 "dead_input": "log",
+                "stale_binding": "log",
                 "rng_during_capture": "log",
                 "concurrent_capture": "log",
                 "sync_during_capture": "log",
@@ -268,6 +272,7 @@ def test_action_set_per_rule_wins_over_mode(mode: str) -> None:
         "abandoned_capture": "log",
         "implicit_sync": mode,
         "dead_input": mode,
+        "stale_binding": mode,
         "rng_during_capture": mode,
     }
     assert expected == {rule: config.action(rule) for rule in RULES}

@@ -381,7 +381,8 @@ def test_malformed_entry_warns_and_the_rest_applies(
         "(*/kernels.py) or a function (module:qualname)\n"
         "cgguard: ignoring the exemption 'nested=exempt_env_l' in CGGUARD_EXEMPT: no rule "
         "'nested'; the rules are capture_disabled, nested_capture, concurrent_capture, "
-        "sync_during_capture, abandoned_capture, implicit_sync, dead_input, rng_during_capture\n"
+        "sync_during_capture, abandoned_capture, implicit_sync, dead_input, stale_binding, "
+        "rng_during_capture\n"
     )
     assert (capsys.readouterr().err, cgguard.status().exempted) == (
         expected,

@@ -25,7 +25,7 @@ SYNTAX = (
 )
 RULES = (
     "capture_disabled, nested_capture, concurrent_capture, sync_during_capture, abandoned_capture, "
-    "implicit_sync, dead_input, rng_during_capture"
+    "implicit_sync, dead_input, stale_binding, rng_during_capture"
 )
 
 

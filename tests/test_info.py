@@ -64,6 +64,7 @@ def test_configuration_names_the_variable_a_value_follows() -> None:
         "  rule           abandoned_capture: log (default)",
         "  rule           implicit_sync: log (from CGGUARD_MODE)",
         "  rule           dead_input: log (from CGGUARD_MODE)",
+        "  rule           stale_binding: log (from CGGUARD_MODE)",
         "  rule           rng_during_capture: log (from CGGUARD_MODE)",
     ]
     assert expected == _configuration(environ)

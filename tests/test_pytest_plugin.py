@@ -556,7 +556,7 @@ def test_unknown_rule_in_the_marker_is_an_error(guarded: Session) -> None:
         [
             "cgguard_expect: unknown rule(s) 'nested'; the rules are capture_disabled, "
             "nested_capture, concurrent_capture, sync_during_capture, abandoned_capture, "
-            "implicit_sync, dead_input, rng_during_capture",
+            "implicit_sync, dead_input, stale_binding, rng_during_capture",
         ]
     )
 

@@ -19,6 +19,7 @@ EXCEPTIONS = {
     "abandoned_capture": cgguard.AbandonedCaptureError,
     "implicit_sync": cgguard.ImplicitSyncError,
     "dead_input": cgguard.DeadInputError,
+    "stale_binding": cgguard.StaleBindingError,
     "rng_during_capture": cgguard.RngDuringCaptureError,
 }
 

@@ -856,7 +856,7 @@ def test_version(tmp_path: Path) -> None:
 RULE_ERROR = (
     "cgguard run: error: argument --rule: '{}': accepted values are RULE=ACTION with RULE one of "
     "capture_disabled, nested_capture, concurrent_capture, sync_during_capture, abandoned_capture, "
-    "implicit_sync, dead_input, rng_during_capture and ACTION one of "
+    "implicit_sync, dead_input, stale_binding, rng_during_capture and ACTION one of "
     "raise, log, off\n"
 )
 
@@ -1193,6 +1193,7 @@ def test_info_reports_versions_configuration_and_activation(tmp_path: Path) -> N
         "  rule           abandoned_capture: log (default)",
         "  rule           implicit_sync: log (from CGGUARD_MODE)",
         "  rule           dead_input: log (from CGGUARD_MODE)",
+        "  rule           stale_binding: log (from CGGUARD_MODE)",
         "  rule           rng_during_capture: log (from CGGUARD_MODE)",
         "  warning: ignoring CGGUARD_CAPTURE='sometimes': accepted values are enabled, disabled",
         "  warning: ignoring CGGUARD_RULE_NESTED_CAPTURE='warn': "

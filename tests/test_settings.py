@@ -182,6 +182,7 @@ def test_rule_variables_name_every_rule() -> None:
             "CGGUARD_RULE_ABANDONED_CAPTURE": "abandoned_capture",
             "CGGUARD_RULE_IMPLICIT_SYNC": "implicit_sync",
             "CGGUARD_RULE_DEAD_INPUT": "dead_input",
+            "CGGUARD_RULE_STALE_BINDING": "stale_binding",
             "CGGUARD_RULE_RNG_DURING_CAPTURE": "rng_during_capture",
         },
         ("raise", "log", "off"),
@@ -224,7 +225,7 @@ def test_misspelt_rule_variable_is_reported() -> None:
         "CGGUARD_RULE_CAPTURE_DISABLED, CGGUARD_RULE_NESTED_CAPTURE, "
         "CGGUARD_RULE_CONCURRENT_CAPTURE, CGGUARD_RULE_SYNC_DURING_CAPTURE, "
         "CGGUARD_RULE_ABANDONED_CAPTURE, CGGUARD_RULE_IMPLICIT_SYNC, CGGUARD_RULE_DEAD_INPUT, "
-        "CGGUARD_RULE_RNG_DURING_CAPTURE"
+        "CGGUARD_RULE_STALE_BINDING, CGGUARD_RULE_RNG_DURING_CAPTURE"
     ]
 
 

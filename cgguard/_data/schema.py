@@ -54,6 +54,7 @@ class _ViolationOptional(_Ranked, total=False):
     capture_thread_id: int | None
     read_stack: list[FrameInfo] | None  # dead_input: where the capture first read the tensor
     freed_stack: list[FrameInfo] | None  # dead_input: where its storage was freed, if known
+    rebound_stack: list[FrameInfo] | None  # stale_binding: where the name was rebound, if seen
     site: FrameInfo | None  # a repeat only, in place of the stacks
 
 

@@ -5,8 +5,10 @@ Light to import: the process's owner makes them whether or not inspection is eve
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
+from cgguard._inspect.bindings import Epoch
 from cgguard._rules.record import THREAD
 
 if TYPE_CHECKING:
@@ -42,6 +44,10 @@ class Inspections:
         self.local = threading.local()  # .captures: this thread's inspected captures
         self.open: list[Inspected] = []  # on any thread
         self.lock = threading.Lock()
+        # What may have rebound a name a graph reads (cgguard._inspect.bindings), and the
+        # inputs of each live graph that has bindings, weakly: they go with their graph.
+        self.epoch = Epoch()
+        self.bound: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def captures(self) -> list[Inspected]:
         """This thread's inspected captures, innermost last."""

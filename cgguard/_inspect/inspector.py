@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING, Any, cast
 from cgguard._core.probes import NO_TORCH
 from cgguard._core.watcher import GRAPH_NOTES, Watcher
 from cgguard._errors import hidden_by_pytest
+from cgguard._inspect import bindings as _bindings
 from cgguard._inspect import liveness as _liveness
+from cgguard._inspect import rebinding as _rebinding
 from cgguard._inspect.mode import mode_type, push_below, remove_mode
 from cgguard._inspect.rng import RNG_FUNCTIONS, rng_refused
 from cgguard._inspect.sync_ops import syncs
@@ -185,14 +187,87 @@ class Inspector(Watcher):
             began = resolve(record[BEGAN_AT])
             inputs.record = cast("Record", (*record[:BEGAN_AT], began, *record[BEGAN_AT + 1 :]))
             vars(token.graph)[_INPUTS] = inputs
+            self._bind(inputs, sys._getframe(1))
         elif outcome == FAILED and error is not None and _broken(error):
             self._what_broke(token, error)
 
     def replaying(self, graph: Any) -> None:
         inputs = graph.__dict__.get(_INPUTS)
-        if inputs is None or inputs.healthy:  # the one test a healthy graph's replay costs
+        # The two tests a healthy graph's replay costs: no input died, no name was rebound.
+        if inputs is None or (inputs.healthy and inputs.epoch == self.inspections.epoch.value):
             return
         self._check_replay(graph, inputs)
+
+    def _bind(self, inputs: _liveness.Inputs, frame: Any) -> None:
+        """Name the inputs of a capture that ended, from the frames that ended it outwards."""
+        inspections = self.inspections
+        inputs.epoch = inspections.epoch.value
+        try:
+            torch = sys.modules["torch"]
+            inputs.bindings = _bindings.name_inputs(
+                inputs, frame, torch.Tensor, getattr(torch.nn, "Module", None)
+            )
+        except Exception as exc:
+            warn_once("inspect:bind", f"internal error while naming a graph's inputs: {exc!r}")
+            return
+        if inputs.bindings:
+            inspections.bound.add(inputs)
+
+    def check_bindings(self, *, refuse: bool) -> list[_bindings.StaleBinding]:
+        """Every live graph's bindings, checked now: each stale one reported (refused where
+        ``refuse`` and the rule raises: the first such error is raised after all are told)."""
+        inspections = self.inspections
+        inspections.epoch.moved()
+        found: list[_bindings.StaleBinding] = []
+        error = None
+        for inputs in list(inspections.bound):
+            stale, raised = self._stale_bindings(
+                inputs, "cgguard.check_bindings", refuse=refuse, forget=False, depth=3
+            )
+            found.extend(stale)
+            error = error or raised
+        if error is not None:
+            raise error
+        return found
+
+    def _stale_bindings(
+        self, inputs: _liveness.Inputs, api: str, *, refuse: bool, forget: bool, depth: int
+    ) -> tuple[list[_bindings.StaleBinding], CaptureViolation | None]:
+        """Report each of ``inputs``' bindings whose name holds another tensor now; with
+        ``forget``, one only logged is forgotten (told once; a refused one refuses each
+        replay). The error to raise, if the rule raises: the first, after which none is
+        looked at."""
+        inspections = self.inspections
+        tensor_type = sys.modules["torch"].Tensor
+        site = Stack(inputs.record[BEGAN_AT]).where
+        found = []
+        error = None
+        for binding in list(inputs.bindings):
+            changed = _bindings.stale(binding, tensor_type, inspections.epoch)
+            if changed is None:
+                continue
+            change, rebound_at = changed
+            rebound = Stack(rebound_at).where if rebound_at is not None else None
+            found.append(_bindings.StaleBinding(binding.name, site, change, rebound))
+            name = binding.name.replace("{", "{{").replace("}", "}}")
+            said = change.replace("{", "{{").replace("}", "}}")
+            why = f"{name}, which {said}"
+            if rebound_at is not None:
+                why += ", rebound at {rebound_stack}"
+            error = self.violated(
+                "stale_binding",
+                inputs.record,
+                api,
+                why=why,
+                more={"rebound_stack": rebound_at},
+                depth=depth,
+                refuse=refuse,
+            )
+            if error is not None:
+                break
+            if forget:
+                inputs.bindings.remove(binding)
+        return found, error
 
     def retired(self) -> None:
         # A reconfiguration took inspection off (or made a new inspector): this one's captures
@@ -201,15 +276,21 @@ class Inspector(Watcher):
         self.inspections.retire(self)
 
     def hooks(self) -> list[tuple[Any, str, Callable[[Any], Any]]]:
-        """torch.cuda's RNG functions, wrapped while inspection is on."""
+        """torch.cuda's RNG functions, and what can rebind a name a graph reads, wrapped
+        while inspection is on."""
         owners = [sys.modules.get("torch.cuda"), sys.modules.get("torch.cuda.random")]
-        return [
+        hooks: list[tuple[Any, str, Callable[[Any], Any]]] = [
             (owner, name, functools.partial(self._rng_hook, name))
             for owner in owners
             if owner is not None
             for name in RNG_FUNCTIONS
             if callable(vars(owner).get(name))
         ]
+        torch = sys.modules.get("torch")
+        module = getattr(getattr(torch, "nn", None), "Module", None)
+        if torch is not None and module is not None:
+            hooks += _rebinding.hooks(self.inspections.epoch, torch.Tensor, module)
+        return hooks
 
     # Reporting.
 
@@ -222,11 +303,12 @@ class Inspector(Watcher):
         why: str = "",
         more: Mapping[str, Snapshot | None] | None = None,
         depth: int = 3,
+        refuse: bool = True,
     ) -> CaptureViolation | None:
         # Clamped: a script's top level, or a thread of torch's own, may be shallower.
         stack = stack_above(depth)
         reporter = self.installation.reporter  # read once: a reconfiguration swaps it whole
-        return reporter.violated([(rule, record)], api, stack, refuse=True, why=why, more=more)
+        return reporter.violated([(rule, record)], api, stack, refuse=refuse, why=why, more=more)
 
     def probes(self) -> Probes:
         """What the capture path asks torch and the device, as in effect now."""
@@ -274,38 +356,65 @@ class Inspector(Watcher):
         return rng
 
     def _check_replay(self, graph: Any, inputs: _liveness.Inputs) -> None:
-        """Report each dead input; refuse the replay at the first where the rule raises. One
-        that is only logged is reported once and forgotten: the graph is healthy again, and
-        its later replays cost the one test, not a walk and a report each."""
-        error = None
+        """Report each stale binding, then each dead input; refuse the replay at the first
+        where the rule raises. One that is only logged is reported once and forgotten: the
+        graph is healthy again, and its later replays cost the two tests, not a walk and a
+        report each."""
         try:
-            allocator = self.probes().allocator
-            dead = [(i, how) for i, how in inputs.dead() if not _in_pool(graph, i, how, allocator)]
-            for item, how in dead:
-                if how == "freed":
-                    why = (
-                        f"was freed at {{freed_stack}} ({item.described}, first read by the "
-                        f"capture at {{read_stack}})"
-                    )
-                else:
-                    why = (
-                        f"now has another address, its storage resized or replaced "
-                        f"({item.described}, first read by the capture at {{read_stack}})"
-                    )
-                more = {"read_stack": item.read_at, "freed_stack": item.freed_at}
-                error = self.violated(
-                    "dead_input", inputs.record, "CUDAGraph.replay", why=why, more=more
-                )
-                if error is not None:
-                    break
-                inputs.forget(item)
-            else:
-                inputs.healthy = True
+            error = self._rebound(inputs)
+            if error is None and not inputs.healthy:
+                error = self._dead(graph, inputs)
         except Exception as exc:
             warn_once("inspect:replay", f"internal error while checking a replay: {exc!r}")
             return
         if error is not None:
             raise error
+
+    def _rebound(self, inputs: _liveness.Inputs) -> CaptureViolation | None:
+        """The bindings of a graph about to replay, where the epoch moved since their check:
+        a name rebound is told first, since its old tensor may be freed too and the name says
+        more than dead_input would. Its input is then not told again as dead."""
+        epoch = self.inspections.epoch.value
+        if inputs.epoch == epoch:
+            return None
+        before = {b.address for b in inputs.bindings}
+        _, error = self._stale_bindings(
+            inputs, "CUDAGraph.replay", refuse=True, forget=True, depth=5
+        )
+        if error is not None:
+            return error
+        inputs.epoch = epoch
+        left = {b.address for b in inputs.bindings}
+        for address in before - left:
+            item = inputs.seen.get(address)
+            if item is not None:
+                inputs.forget(item)
+        return None
+
+    def _dead(self, graph: Any, inputs: _liveness.Inputs) -> CaptureViolation | None:
+        error = None
+        allocator = self.probes().allocator
+        dead = [(i, how) for i, how in inputs.dead() if not _in_pool(graph, i, how, allocator)]
+        for item, how in dead:
+            if how == "freed":
+                why = (
+                    f"was freed at {{freed_stack}} ({item.described}, first read by the "
+                    f"capture at {{read_stack}})"
+                )
+            else:
+                why = (
+                    f"now has another address, its storage resized or replaced "
+                    f"({item.described}, first read by the capture at {{read_stack}})"
+                )
+            more = {"read_stack": item.read_at, "freed_stack": item.freed_at}
+            error = self.violated(
+                "dead_input", inputs.record, "CUDAGraph.replay", why=why, more=more, depth=4
+            )
+            if error is not None:
+                return error
+            inputs.forget(item)
+        inputs.healthy = True
+        return None
 
     def _what_broke(self, capture: InspectedCapture, error: BaseException) -> None:
         """Say which call broke the capture whose capture_end failed with ``error``."""

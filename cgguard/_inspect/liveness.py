@@ -25,12 +25,28 @@ if TYPE_CHECKING:
 class Input:
     """One external input of a capture: where it was first read, and what became of it."""
 
-    __slots__ = ("__weakref__", "address", "described", "freed_at", "inputs", "read_at", "ref")
+    __slots__ = (
+        "__weakref__",
+        "address",
+        "described",
+        "freed_at",
+        "inputs",
+        "read_at",
+        "ref",
+        "tensor",
+    )
 
-    def __init__(self, inputs: Inputs, storage: Any, address: int, described: str) -> None:
+    def __init__(
+        self, inputs: Inputs, storage: Any, address: int, described: str, tensor: Any = None
+    ) -> None:
         self.inputs = inputs
         self.address = address
         self.described = described  # "a float32 tensor of shape (4,)"
+        # The tensor object first read, weakly: the names that hold it are the graph's
+        # bindings (cgguard._inspect.bindings), rather than another view of its storage.
+        self.tensor: weakref.ref[Any] | None = None
+        with contextlib.suppress(TypeError):
+            self.tensor = weakref.ref(tensor)
         self.read_at: Snapshot = stack_above(3)  # the user's op, beyond the dispatch mode
         self.freed_at: Snapshot | None = None
         self.ref = weakref.ref(storage, self._freed)
@@ -56,7 +72,7 @@ class Input:
 class Inputs:
     """The external inputs of one capture, by storage address, and its own allocations."""
 
-    __slots__ = ("__weakref__", "checked", "healthy", "record", "seen")
+    __slots__ = ("__weakref__", "bindings", "checked", "epoch", "healthy", "record", "seen")
 
     def __init__(self, record: Record) -> None:
         # The capture's record, its begin stack resolved once the capture has ended.
@@ -68,12 +84,16 @@ class Inputs:
         # test a replay pays.
         self.healthy = False
         self.checked = False  # whether the first replay's walk for moved storages was made
+        # The names of its inputs (cgguard._inspect.bindings), and the epoch they were last
+        # checked at: a replay resolves them again only when the epoch has moved since.
+        self.bindings: list[Any] = []
+        self.epoch = -1
 
     def read(self, storage: Any, address: int, tensor: Any) -> None:
         """The capture read ``tensor`` (on ``storage`` at ``address``): an input unless the
         capture allocated it, noted at its first read."""
         if address not in self.seen:
-            self.seen[address] = Input(self, storage, address, describe(tensor))
+            self.seen[address] = Input(self, storage, address, describe(tensor), tensor)
 
     def made(self, address: int) -> None:
         """The capture's own op allocated (or wrote) the storage at ``address``."""

@@ -16,6 +16,7 @@ from cgguard._errors import (
     ImplicitSyncError,
     NestedCaptureError,
     RngDuringCaptureError,
+    StaleBindingError,
     SyncDuringCaptureError,
 )
 
@@ -222,6 +223,16 @@ def _dead_input(head: str, cause: Cause) -> str:
     )
 
 
+def _stale_binding(head: str, cause: Cause) -> str:
+    # ``why`` names the binding, what changed, and where it was rebound.
+    return (
+        f"Stale binding at CUDA graph replay: {head} replays a graph whose capture "
+        f"{cause.where} read {cause.why}; the replay would read the tensor the graph baked "
+        f"in, not the one the name holds now. Copy into the old tensor (copy_, "
+        f"load_state_dict), or capture the graph again."
+    )
+
+
 def _rng(head: str, cause: Cause) -> str:
     return (
         f"CUDA random-number generator used during CUDA graph capture: {head} while this "
@@ -308,6 +319,16 @@ RULES: "dict[str, Rule]" = {
                 ("read_stack", "The capture first read the tensor at (most recent call last):"),
                 ("freed_stack", "The tensor's storage was freed at (most recent call last):"),
             ),
+        ),
+        Rule(
+            StaleBindingError,
+            diagnostic=False,
+            blames=BLAMES_CAPTURE,
+            cause_key="capture_stack",
+            cause_title=_CAPTURE_BEGAN,
+            attempt_title="The replay was called at (most recent call last):",
+            message=_stale_binding,
+            more_stacks=(("rebound_stack", "The name was rebound at (most recent call last):"),),
         ),
         Rule(
             RngDuringCaptureError,

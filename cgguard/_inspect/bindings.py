@@ -1,0 +1,418 @@
+"""Bindings: the names by which the program holds a graph's inputs, and whether each name still
+holds the tensor the graph baked in (the stale_binding rule).
+
+A graph replays the addresses, dtypes, shapes, strides and offsets its capture read. A program
+that later *rebinds* a name to a new tensor (``module.w = nn.Parameter(...)``, ``p.data = q``,
+``module.to(dtype)``, ``self.x = self.x.to(...)``) rather than copying into the old one leaves
+the graph reading the old memory: wrong output while it lives, an illegal access once it is
+freed. dead_input sees the second; this sees the first.
+
+When an inspected capture ends, each external input (cgguard._inspect.liveness) is named by
+where the program holds it: a walk from the capture's frames (their locals and globals) through
+``nn.Module`` parameters, buffers and submodules, plain attributes, dicts, lists, tuples,
+``functools.partial`` and closures, bounded in depth and in objects. A name is kept as a path
+from an object held weakly (nothing is kept alive for it), with the tensor's identity then:
+storage pointer, dtype, shape, strides and storage offset. Where the capture read the tensor
+object a name holds, only such names are kept: a view kept under another name is not what the
+graph reads.
+
+Names are resolved again only when the epoch moved (``Epoch``): the paths cgguard sees that
+can rebind a name move it, so a replay whose bindings have not moved pays one comparison.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+import weakref
+from collections import deque
+from types import FunctionType
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from cgguard._support.frames import stack_above, visible
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from types import FrameType
+
+    from cgguard._inspect.liveness import Input, Inputs
+    from cgguard._support.frames import Snapshot
+
+# How far the walk goes from a frame's variables, how many objects it looks at in all, and how
+# many names it keeps per input: a model of thousands of layers is a few levels and some
+# thousands of objects deep.
+MAX_DEPTH = 10
+MAX_OBJECTS = 200_000
+NAMES_PER_INPUT = 4
+# Items looked at per container: a cache of a million entries is not walked through.
+MAX_ITEMS = 10_000
+
+# The kinds of step along a name.
+_ATTR, _ITEM, _ARG, _KEYWORD, _CELL = range(5)
+_MISSING: Any = object()
+# Where the epoch keeps the rebindings it saw: bounded, the oldest forgotten first.
+REBINDS_MAX = 4096
+
+# An identity: (storage pointer, dtype, shape, strides, storage offset).
+Identity = tuple[int, Any, tuple[int, ...], tuple[int, ...], int]
+
+
+class Epoch:
+    """Moved by each path cgguard sees that can rebind a name: ``nn.Module.__setattr__`` of a
+    tensor or module, ``Module._apply`` (``.to()``, ``.half()``), ``load_state_dict``, a tensor's
+    ``.data =``, a framework's lifecycle function, ``check_bindings()``. A graph's bindings are
+    resolved again only when it moved since their last check.
+
+    It also keeps where each attribute was last rebound (the owner held weakly), for a report.
+    """
+
+    __slots__ = ("rebinds", "value")
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.rebinds: dict[tuple[int, str], tuple[weakref.ref[Any], Snapshot]] = {}
+
+    def moved(self, owner: Any = None, name: str = "", depth: int = 2) -> None:
+        """Something may have been rebound (``owner.name``, where known, at the caller's)."""
+        self.value += 1
+        if owner is None:
+            return
+        with contextlib.suppress(TypeError):  # an owner without weak references: not kept
+            rebinds = self.rebinds
+            if len(rebinds) >= REBINDS_MAX:
+                del rebinds[next(iter(rebinds))]
+            rebinds[(id(owner), name)] = (weakref.ref(owner), stack_above(depth))
+
+    def rebound_at(self, owner: Any, name: str) -> Snapshot | None:
+        """Where ``owner.name`` was last rebound, if cgguard saw it."""
+        held = self.rebinds.get((id(owner), name))
+        if held is None or held[0]() is not owner:
+            return None
+        return held[1]
+
+
+class Binding:
+    """One name of a graph's input: a path from an object held weakly, and what it held."""
+
+    __slots__ = ("address", "anchor", "identity", "name", "steps")
+
+    def __init__(
+        self,
+        name: str,
+        anchor: Any,
+        steps: tuple[tuple[int, Any], ...],
+        identity: Identity,
+    ) -> None:
+        self.name = name  # as a report shows it: runner.model.layers[3].self_attn.W_UV
+        self.anchor = weakref.ref(anchor)
+        self.steps = steps
+        self.identity = identity
+        self.address = identity[0]
+
+    def current(self, epoch: Epoch) -> tuple[Any, Snapshot | None] | None:
+        """What the name holds now (_MISSING where it is gone), and where ``epoch`` saw its
+        path rebound last (the innermost step); None when the object it starts from is gone,
+        which leaves nothing to compare."""
+        value = self.anchor()
+        if value is None:
+            return None
+        rebound = None
+        for kind, key in self.steps:
+            if kind == _ATTR:
+                rebound = epoch.rebound_at(value, key) or rebound
+            value = _step(value, kind, key)
+            if value is _MISSING:
+                return _MISSING, rebound
+        return value, epoch.rebound_at(value, "data") or rebound
+
+
+class StaleBinding(NamedTuple):
+    """A binding whose name holds another tensor now (``check_bindings()`` returns these)."""
+
+    name: str  # runner.model.layers[3].self_attn.W_UV
+    site: str  # where the graph's capture began: file:line (in function)
+    change: str  # what changed, in words
+    rebound_at: str | None  # where cgguard saw the name rebound, file:line (in function)
+
+
+def stale(binding: Binding, tensor_type: type, epoch: Epoch) -> tuple[str, Snapshot | None] | None:
+    """How ``binding``'s name changed, and where it was rebound; None while it holds the same
+    tensor (or the object it starts from is gone)."""
+    found = binding.current(epoch)
+    if found is None:
+        return None
+    now, rebound = found
+    if now is _MISSING:
+        return "is gone (its object no longer has it)", rebound
+    if not isinstance(now, tensor_type):
+        return f"now holds {type(now).__name__}, not a tensor", rebound
+    identity = identity_of(now)
+    if identity is None or identity == binding.identity:
+        return None
+    return f"now holds another tensor ({changes(binding.identity, identity)})", rebound
+
+
+def identity_of(tensor: Any) -> Identity | None:
+    """A tensor's identity as a graph bakes it in, or None where it has no memory to read."""
+    try:
+        storage = tensor.untyped_storage()
+        if storage.device.type == "meta":
+            return None
+        return (
+            storage.data_ptr(),
+            tensor.dtype,
+            tuple(tensor.shape),
+            tuple(tensor.stride()),
+            tensor.storage_offset(),
+        )
+    except Exception:
+        return None
+
+
+def changes(old: Identity, new: Identity) -> str:
+    """What differs between two identities, in words."""
+    said = []
+    if old[0] != new[0]:
+        said.append(f"another storage: {old[0]:#x} then, {new[0]:#x} now")
+    names = ("dtype", "shape", "strides", "storage offset")
+    for name, before, after in zip(names, old[1:], new[1:], strict=True):
+        if before != after:
+            shown = [str(v).removeprefix("torch.") for v in (before, after)]
+            said.append(f"{name} {shown[0]} then, {shown[1]} now")
+    return "; ".join(said) or "another tensor object"
+
+
+def name_inputs(
+    inputs: Inputs, frame: FrameType | None, tensor_type: type, module_type: type | None
+) -> list[Binding]:
+    """Name each external input of ``inputs`` from the frames from ``frame`` outwards: at most
+    NAMES_PER_INPUT names each, the shortest first; names the capture read the very tensor of
+    preferred to names of another view of its storage."""
+    wanted: dict[int, Input] = {a: i for a, i in inputs.seen.items() if i is not None}
+    if not wanted:
+        return []
+    exact: dict[int, list[Binding]] = {}
+    other: dict[int, list[Binding]] = {}
+    for tensor, anchor, steps, name in _walk(_roots(frame), tensor_type, module_type):
+        identity = identity_of(tensor)
+        if identity is None or identity[0] not in wanted:
+            continue
+        item = wanted[identity[0]]
+        read = item.tensor() if item.tensor is not None else None
+        found = exact if read is tensor else other
+        names = found.setdefault(identity[0], [])
+        if len(names) < NAMES_PER_INPUT:
+            names.append(Binding(name, anchor, steps, identity))
+    bindings: list[Binding] = []
+    for address in wanted:
+        bindings.extend(exact.get(address) or other.get(address) or ())
+    return bindings
+
+
+def _roots(frame: FrameType | None) -> list[tuple[str, Any]]:
+    """The variables of the user's frames, innermost first: their locals, then the globals of
+    each module once. ``self`` is named by its class."""
+    roots: list[tuple[str, Any]] = []
+    namespaces: dict[int, dict[str, Any]] = {}
+    while frame is not None:
+        if visible(frame.f_code):
+            roots.extend(
+                ((type(value).__name__ if name == "self" else name), value)
+                for name, value in _locals(frame)
+            )
+            namespaces.setdefault(id(frame.f_globals), frame.f_globals)
+        frame = frame.f_back
+    for namespace in namespaces.values():
+        roots.extend(list(namespace.items()))
+    return roots
+
+
+# Before Python 3.13 (PEP 667), a function frame's f_locals is a dict the frame keeps, filled
+# from its fast locals at each read: it would hold each value until the next read, so that
+# ``del x`` in the user's code no longer frees x. It is emptied once read: each read fills it
+# anew (locals(), a debugger's, a tracer's, whose write-back follows its own read). From 3.13
+# f_locals is a view that holds nothing.
+_SNAPSHOT_LOCALS = sys.version_info < (3, 13)
+_OPTIMIZED = (
+    0x1  # CO_OPTIMIZED: a function's frame, whose f_locals is a snapshot, not its namespace
+)
+
+
+def _locals(frame: FrameType) -> list[tuple[str, Any]]:
+    namespace = frame.f_locals
+    items = list(namespace.items())
+    if _SNAPSHOT_LOCALS and frame.f_code.co_flags & _OPTIMIZED and type(namespace) is dict:
+        namespace.clear()
+    return items
+
+
+def _walk(
+    roots: list[tuple[str, Any]], tensor_type: type, module_type: type | None
+) -> Iterator[tuple[Any, Any, tuple[tuple[int, Any], ...], str]]:
+    """Each tensor reachable from ``roots``, breadth first, once: (tensor, the object its path
+    starts from, the path's steps from there, its name). A path starts from the outermost
+    object that can be held weakly; a tensor with no such object above it is not named."""
+    seen: set[int] = set()
+    # (object, anchor, steps from the anchor, name, depth)
+    queue: deque[tuple[Any, Any, tuple[tuple[int, Any], ...], str, int]] = deque()
+    for name, value in roots:
+        if id(value) not in seen and _worth(value):
+            seen.add(id(value))
+            queue.append((value, None, (), name, 0))
+    budget = MAX_OBJECTS
+    while queue and budget > 0:
+        value, anchor, steps, name, depth = queue.popleft()
+        budget -= 1
+        if isinstance(value, tensor_type):
+            if anchor is not None and steps:
+                yield value, anchor, steps, name
+            continue
+        if anchor is None and type(value).__weakrefoffset__:
+            anchor, steps = value, ()
+        if depth >= MAX_DEPTH:
+            continue
+        for kind, key, child, text in _children(value, module_type):
+            if id(child) in seen or not _worth(child):
+                continue
+            seen.add(id(child))
+            step = (kind, key)
+            queue.append((child, anchor, (*steps, step), name + text, depth + 1))
+
+
+# What a walk never goes into: no tensor a graph reads is found there.
+_LEAVES = (str, bytes, int, float, complex, bool, type(None), type, range)
+
+
+def _worth(value: Any) -> bool:
+    return not isinstance(value, _LEAVES) and type(value).__name__ != "module"
+
+
+def _children(value: Any, module_type: type | None) -> Iterator[tuple[int, Any, Any, str]]:
+    """(kind, key, child, text) of what ``value`` holds, read without running its code: its
+    instance dict, a module's parameters, buffers and submodules, items, a partial's arguments,
+    a function's closure."""
+    kind = type(value)
+    if kind is dict or (isinstance(value, dict) and kind.__module__ == "collections"):
+        return _items(value)
+    if kind is list or kind is tuple:
+        return ((_ITEM, i, child, f"[{i}]") for i, child in _first(enumerate(value)))
+    if kind is functools.partial:
+        return _arguments(value)
+    if kind is FunctionType and value.__closure__:
+        return _cells(value)
+    return _attributes(value, module_type)
+
+
+def _items(value: dict[Any, Any]) -> Iterator[tuple[int, Any, Any, str]]:
+    for key, child in _first(value.items()):
+        if type(key) is str or type(key) is int:  # a subclass's repr would run its code
+            yield _ITEM, key, child, f"[{key!r}]"
+
+
+def _arguments(value: functools.partial[Any]) -> Iterator[tuple[int, Any, Any, str]]:
+    for i, child in enumerate(value.args):
+        yield _ARG, i, child, f".args[{i}]"
+    for key, child in value.keywords.items():
+        yield _KEYWORD, key, child, f".keywords[{key!r}]"
+
+
+def _cells(value: Any) -> Iterator[tuple[int, Any, Any, str]]:
+    for name, cell in zip(value.__code__.co_freevars, value.__closure__, strict=False):
+        with contextlib.suppress(ValueError):  # an empty cell
+            yield _CELL, name, cell.cell_contents, f".<closure {name}>"
+
+
+def _attributes(value: Any, module_type: type | None) -> Iterator[tuple[int, Any, Any, str]]:
+    own = _own_dict(value)
+    if own is None:
+        return
+    if module_type is not None and isinstance(value, module_type):
+        for store in _STORES:
+            for key, child in (own.get(store) or {}).items():
+                if child is not None:
+                    yield _ATTR, key, child, f".{key}"
+    for key, child in _first(own.items()):
+        if isinstance(key, str) and key not in _MODULE_INTERNALS:
+            yield _ATTR, key, child, f".{key}"
+
+
+# An nn.Module's parameters, buffers and submodules, each a dict in its instance dict.
+_STORES = ("_parameters", "_buffers", "_modules")
+
+
+# nn.Module's own bookkeeping in every module's instance dict (hooks, the three stores): none is
+# a name the program gives a tensor.
+_MODULE_INTERNALS = frozenset(
+    {
+        "_parameters",
+        "_buffers",
+        "_modules",
+        "_non_persistent_buffers_set",
+        "_backward_pre_hooks",
+        "_backward_hooks",
+        "_is_full_backward_hook",
+        "_forward_hooks",
+        "_forward_hooks_with_kwargs",
+        "_forward_hooks_always_called",
+        "_forward_pre_hooks",
+        "_forward_pre_hooks_with_kwargs",
+        "_state_dict_hooks",
+        "_state_dict_pre_hooks",
+        "_load_state_dict_pre_hooks",
+        "_load_state_dict_post_hooks",
+    }
+)
+
+
+def _first(items: Any) -> Iterator[Any]:
+    for i, item in enumerate(items):
+        if i >= MAX_ITEMS:
+            return
+        yield item
+
+
+def _own_dict(value: Any) -> dict[str, Any] | None:
+    """``value``'s instance dict, read as object does: never through a ``__getattr__`` of its
+    own, which may run anything (a proxy's makes a new object for every name asked)."""
+    if not type(value).__dictoffset__:
+        return None
+    try:
+        own = object.__getattribute__(value, "__dict__")
+    except Exception:
+        return None
+    return own if type(own) is dict else None
+
+
+def _attr(value: Any, key: str) -> Any:
+    own = _own_dict(value)
+    if own is None:
+        return _MISSING
+    if key in own:
+        return own[key]
+    for store in _STORES:
+        held = own.get(store)
+        if isinstance(held, dict) and key in held:
+            return held[key]
+    return _MISSING
+
+
+def _cell(value: Any, key: str) -> Any:
+    return value.__closure__[value.__code__.co_freevars.index(key)].cell_contents
+
+
+_STEPS: dict[int, Any] = {
+    _ATTR: _attr,
+    _ITEM: lambda value, key: value[key],
+    _ARG: lambda value, key: value.args[key],
+    _KEYWORD: lambda value, key: value.keywords[key],
+    _CELL: _cell,
+}
+
+
+def _step(value: Any, kind: int, key: Any) -> Any:
+    """One step along a name, read as the walk read it; _MISSING where it leads nowhere."""
+    try:
+        return _STEPS[kind](value, key)
+    except Exception:
+        return _MISSING

@@ -1,0 +1,74 @@
+"""What moves the bindings' epoch (cgguard._inspect.bindings): the Python paths by which a
+program rebinds a name a graph may read, each wrapped while inspection is on.
+
+- ``nn.Module.__setattr__`` of a tensor or a module (``module.w = nn.Parameter(...)``,
+  ``self.x = self.x.to(...)``, ``load_state_dict(assign=True)``, a submodule replaced), with
+  where it happened;
+- a tensor's ``.data =`` (``p.data = q``; ``Module._apply`` does it for ``.to()``/``.half()``),
+  with where it happened: torch.Tensor's own ``data`` is a C descriptor of torch._C.TensorBase,
+  which a property on torch.Tensor takes the place of for Python code (subclasses, Parameter
+  among them, inherit it);
+- ``nn.Module._apply`` and ``load_state_dict``, once they return.
+
+A rebinding none of these sees (an assignment from C++, an item of a dict or an attribute of an
+object that is not a module) is found by ``cgguard.check_bindings()``, which moves the epoch
+itself, and by a framework's lifecycle function (cgguard._gate.profiles).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from cgguard._inspect.bindings import Epoch
+
+
+def hooks(epoch: Epoch, tensor: type, module: type) -> list[tuple[Any, str, Callable[[Any], Any]]]:
+    """The (owner, name, make) of each path that moves ``epoch``."""
+    return [
+        (module, "__setattr__", functools.partial(_setattr, epoch, (tensor, module))),
+        (module, "_apply", functools.partial(_after, epoch)),
+        (module, "load_state_dict", functools.partial(_after, epoch)),
+        (tensor, "data", functools.partial(_data, epoch)),
+    ]
+
+
+def _setattr(epoch: Epoch, kinds: tuple[type, ...], original: Any) -> Any:
+    @functools.wraps(original)
+    def setattr_(self: Any, name: str, value: Any) -> None:
+        original(self, name, value)
+        if isinstance(value, kinds):
+            with contextlib.suppress(Exception):  # the program's setattr is never failed
+                epoch.moved(self, name)
+
+    return setattr_
+
+
+def _after(epoch: Epoch, original: Any) -> Any:
+    @functools.wraps(original)
+    def moving(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        finally:
+            epoch.value += 1
+
+    return moving
+
+
+def _data(epoch: Epoch, original: Any) -> property:
+    # original: torch._C.TensorBase's getset descriptor, as torch.Tensor.data reads it.
+    get, put = original.__get__, original.__set__
+
+    def data(self: Any) -> Any:
+        return get(self, type(self))
+
+    def set_data(self: Any, value: Any) -> None:
+        put(self, value)
+        with contextlib.suppress(Exception):
+            epoch.moved(self, "data")
+
+    return property(data, set_data, doc=original.__doc__)
