@@ -127,6 +127,8 @@ def uninstall() -> None:
             tracker.retired = True
         installation.replay.restore()
         installation.watcher_hooks.restore()
+        for watcher in installation.watchers:
+            watcher.retired()  # what a watcher put on besides its hooks comes off too
         installation.device_sync.restore()
         installation.patches.restore()
         if tracker is not None:

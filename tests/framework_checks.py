@@ -160,5 +160,56 @@ def sglang() -> dict[str, Any]:
     return seen
 
 
+class _Runner:
+    """What a model runner holds of a graph's inputs: its model."""
+
+    def __init__(self) -> None:
+        self.model = torch.nn.Linear(4, 4)
+
+
+def vllm_bindings() -> dict[str, Any]:
+    """vLLM 0.33.0's worker, imported after install with inspection on: its lifecycle functions
+    wrapped, and the real Worker.add_lora, on an object with only what it reads, followed by a
+    check that names a weight its runner rebound."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    import vllm.v1.worker.gpu_worker as worker_module
+
+    worker_class = worker_module.Worker
+    lifecycle = ("reload_weights", "update_weights", "finish_weight_update", "add_lora")
+    lifecycle += ("remove_lora", "sleep", "wake_up")
+    seen: dict[str, Any] = {
+        "wrapped": [
+            name
+            for name in lifecycle
+            if vars(worker_class)[name].__code__.co_filename.endswith("lifecycle.py")
+        ]
+    }
+    with simulated_cuda():
+        runner = _Runner()
+        x = torch.zeros(2, 4)
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph):
+            runner.model(x)
+
+        def add_lora(request: object) -> bool:
+            # A LoRA load that binds a new weight, rather than copying into the old one.
+            runner.model.weight = torch.nn.Parameter(torch.ones(4, 4))
+            return True
+
+        worker = SimpleNamespace(model_runner=SimpleNamespace(add_lora=add_lora))
+        with capture_violations() as events:
+            seen["returned"] = worker_class.add_lora(worker, "a LoRA request")
+        seen["events"] = [[e["rule"], e["action"], e["api"]] for e in events]
+        seen["named"] = [m for e in events for m in [e["message"]] if "runner.model.weight" in m]
+        try:
+            graph.replay()
+            seen["replay"] = "replayed"
+        except cgguard.StaleBindingError:
+            seen["replay"] = "refused"
+    seen["named"] = len(seen["named"])
+    return seen
+
+
 if __name__ == "__main__":
-    print(json.dumps({"vllm": vllm, "sglang": sglang}[sys.argv[1]]()))
+    checks = {"vllm": vllm, "sglang": sglang, "vllm_bindings": vllm_bindings}
+    print(json.dumps(checks[sys.argv[1]]()))

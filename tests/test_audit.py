@@ -192,3 +192,47 @@ def test_the_real_wheel_has_no_site_its_table_does_not_classify(framework: str) 
         pytest.skip(f"no {WHEELS[framework]} in $FRAMEWORKS_CACHE/wheels")
     sites = scan(wheels[-1], framework)
     assert (problems(sites, read_table(TABLES[framework].read_text())), bool(sites)) == ([], True)
+
+
+def _defines(source: str, qualname: str) -> bool:
+    """Whether ``source`` defines ``qualname`` (``Class.method`` or ``function``) at its top."""
+    import ast
+
+    scope: list[ast.stmt] = ast.parse(source).body
+    *owners, name = qualname.split(".")
+    for owner in owners:
+        found = [n for n in scope if isinstance(n, ast.ClassDef) and n.name == owner]
+        if not found:
+            return False
+        scope = found[0].body
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef)
+    return any(isinstance(n, kinds) and n.name == name for n in scope)
+
+
+@pytest.mark.frameworks
+@pytest.mark.parametrize("framework", sorted(TABLES))
+def test_each_lifecycle_function_is_defined_in_the_real_wheel(framework: str) -> None:
+    """Every lifecycle function the profile names is defined, where it says, in the released
+    wheel's source (read, not imported: SGLang's runner modules need more than CPU torch)."""
+    wheels = sorted((_cache() / "wheels").glob(WHEELS[framework]))
+    if not wheels:
+        pytest.skip(f"no {WHEELS[framework]} in $FRAMEWORKS_CACHE/wheels")
+    (profile,) = [p for p in PROFILES if p.name == framework]
+    missing = []
+    with zipfile.ZipFile(wheels[-1]) as wheel:
+        names = set(wheel.namelist())
+        for entry in profile.lifecycle:
+            module, _, qualname = entry.partition(":")
+            path = module.replace(".", "/") + ".py"
+            source = wheel.read(path).decode() if path in names else ""
+            if not _defines(source, qualname):
+                missing.append(entry)
+    assert (missing, len(profile.lifecycle) > 0) == ([], True)
+
+
+def test_the_definition_check_tells_a_method_from_a_missing_one() -> None:
+    """The check the wheel test rests on: a method of a class is found, a missing one and one
+    of another class are not."""
+    source = "class A:\n    def f(self): ...\n    async def g(self): ...\nclass B:\n    pass\n"
+    found = [_defines(source, q) for q in ("A.f", "A.g", "A.h", "B.f", "f")]
+    assert found == [True, True, False, False, False]

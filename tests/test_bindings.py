@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import sys
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -12,10 +13,12 @@ import torch
 from torch import nn
 
 import cgguard
+from cgguard._inspect.inspector import _INPUTS
 from cgguard.testing import capture_violations
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
     from conftest import Runtime
 
@@ -275,13 +278,13 @@ def test_an_unchanged_epoch_resolves_nothing_at_replay(
     from cgguard._inspect import bindings
 
     resolved: list[str] = []
-    real = bindings.stale
+    real = bindings.changed
 
-    def counting(binding: Any, *args: Any) -> Any:
-        resolved.append(binding.name)
-        return real(binding, *args)
+    def counting(named: list[Any], *args: Any) -> Any:
+        resolved.extend(binding.name for binding in named)
+        return real(named, *args)
 
-    monkeypatch.setattr(bindings, "stale", counting)
+    monkeypatch.setattr(bindings, "changed", counting)
     for _ in range(3):
         runner.graph.replay()
     quiet = len(resolved)
@@ -306,3 +309,94 @@ def test_an_input_no_name_reaches_is_left_to_dead_input(runtime: Runtime) -> Non
         graph.replay()
     assert cgguard.check_bindings() == []
     del y
+
+
+WORKER = """\
+class Worker:
+    def __init__(self, runner):
+        self.runner = runner
+
+    def reload_weights(self):
+        self.runner.model.layers[0].process_weights_after_loading()
+        return "reloaded"
+"""
+
+
+def test_a_lifecycle_function_checks_the_bindings_after_it_returns(
+    runtime: Runtime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A profile's lifecycle function (a weight reload), wrapped once its module is imported:
+    after it returns, a stale binding is logged, naming the function, and never raised into
+    it; the next replay is refused under the mode. uninstall() puts the function back."""
+    from cgguard._gate.profiles import Profile
+    from cgguard._inspect import inspector
+
+    entry = "lifeworker.worker:Worker.reload_weights"
+    monkeypatch.setattr(inspector, "PROFILES", (Profile("fw", "fw", (), (), (entry,)),))
+    (tmp_path / "lifeworker").mkdir()
+    (tmp_path / "lifeworker" / "__init__.py").write_text("")
+    (tmp_path / "lifeworker" / "worker.py").write_text(WORKER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "lifeworker", raising=False)
+    monkeypatch.delitem(sys.modules, "lifeworker.worker", raising=False)
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    import lifeworker.worker as module  # type: ignore[import-not-found]
+
+    original = module.Worker.reload_weights.__wrapped__
+    runner = Runner(runtime.device)
+    runner.capture()
+    with capture_violations() as events:
+        result = module.Worker(runner).reload_weights()
+    with pytest.raises(cgguard.StaleBindingError):
+        runner.graph.replay()
+    cgguard.uninstall()
+    assert (result, [(e["rule"], e["action"], e["api"]) for e in events]) == (
+        "reloaded",
+        [("stale_binding", "logged", entry)],
+    )
+    assert vars(module.Worker)["reload_weights"] is original
+
+
+def test_bindings_kept_fails_a_block_that_rebinds_and_passes_one_that_copies(
+    runner: Runner,
+) -> None:
+    """The pytest helper: a block that rebinds a name a graph reads fails with the refusal's
+    message; one that copies into the old tensors passes."""
+    from cgguard.testing import bindings_kept
+
+    with bindings_kept():
+        runner.model.load_state_dict({k: v.clone() for k, v in runner.model.state_dict().items()})
+    with pytest.raises(AssertionError) as failed, bindings_kept():
+        runner.model.layers[1].process_weights_after_loading()
+    assert str(failed.value).startswith("Stale binding: cgguard.check_bindings at ")
+    assert "read Runner.model.layers.1.W_UV, which now holds another tensor" in str(failed.value)
+
+
+def test_naming_runs_no_code_of_the_objects_it_walks(runtime: Runtime) -> None:
+    """A proxy whose __getattr__ makes a new object for any name asked (execnet's, a mock),
+    and a property, among the capture's variables: the walk reads instance dicts as object
+    does, and calls neither."""
+    cgguard.install(cgguard.Config(inspect=True, log_file="/dev/null"))
+    asked: list[str] = []
+
+    class Proxy:
+        def __getattr__(self, name: str) -> Any:
+            asked.append(name)
+            return Proxy()
+
+    class Owner:
+        def __init__(self) -> None:
+            self.weight = torch.ones(4, device=runtime.device)
+
+        @property
+        def computed(self) -> torch.Tensor:
+            asked.append("computed")
+            return self.weight
+
+    proxy, owner = Proxy(), Owner()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = owner.weight * 2
+    names = [b.name for b in graph.__dict__[_INPUTS].bindings]
+    assert (asked, names) == ([], ["owner.weight"])
+    del y, proxy

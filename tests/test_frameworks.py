@@ -28,7 +28,7 @@ MRV2 = "vllm.v1.worker.gpu.model_runner:GPUModelRunner.capture_model"
 ENCODER = "vllm.v1.worker.mm_encoder_model_runner:MMEncoderModelRunner.capture_model"
 
 
-def _run(framework: str) -> dict[str, Any]:
+def _run(framework: str, check: str | None = None) -> dict[str, Any]:
     found = os.environ.get("FRAMEWORKS_CACHE")
     if not found:
         pytest.skip("FRAMEWORKS_CACHE is not set: the folder of the downloaded frameworks")
@@ -45,7 +45,7 @@ def _run(framework: str) -> dict[str, Any]:
         pytest.skip(f"no $FRAMEWORKS_CACHE/{framework}-deps (its dependencies)")
     path = os.pathsep.join([str(TESTS), str(TESTS.parent), str(source), str(deps)])
     done = subprocess.run(
-        [sys.executable, str(TESTS / "framework_checks.py"), framework],
+        [sys.executable, str(TESTS / "framework_checks.py"), check or framework],
         env=clean_environ(PYTHONPATH=path),
         capture_output=True,
         text=True,
@@ -107,4 +107,28 @@ def test_real_sglang_model_capture_mode_opens_its_window() -> None:
             ["piecewise", "passed"],
             ["after piecewise", f"the last capture seen inside the capture window {stream}."],
         ],
+    }
+
+
+def test_real_vllm_lifecycle_functions_check_the_bindings() -> None:
+    """vLLM's worker imported after install with inspection on: its seven lifecycle functions
+    are wrapped, and the real Worker.add_lora, whose runner binds a new weight, is followed by
+    a stale_binding logged (never raised into it), naming the weight; the replay is refused."""
+    seen = _run("vllm", "vllm_bindings")
+    assert seen == {
+        "wrapped": [
+            "reload_weights",
+            "update_weights",
+            "finish_weight_update",
+            "add_lora",
+            "remove_lora",
+            "sleep",
+            "wake_up",
+        ],
+        "returned": True,
+        "events": [
+            ["stale_binding", "logged", "vllm.v1.worker.gpu_worker:Worker.add_lora"],
+        ],
+        "named": 1,
+        "replay": "refused",
     }

@@ -70,6 +70,9 @@ class Installation:
         for old in self.watchers:
             if old not in watchers:
                 old.retired()
+        for new in watchers:
+            if new not in self.watchers:
+                new.started()
         self.watchers = watchers
         if self.tracker is not None:
             self.tracker.set_watchers(watchers)

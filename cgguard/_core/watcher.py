@@ -85,9 +85,13 @@ class Watcher:
         """``graph`` is about to replay (only for a watcher that ``wants_replays``). Raise a
         CaptureViolation to refuse the replay."""
 
+    def started(self) -> None:
+        """This watcher follows captures from now on, the one it replaced retired: what it
+        puts on besides its hooks goes on here."""
+
     def retired(self) -> None:
-        """A reconfiguration replaced this watcher: the captures it watches that are still
-        under way get no more from it than ``closed``."""
+        """A reconfiguration replaced this watcher, or uninstall() ended it: the captures it
+        watches that are still under way get no more from it than ``closed``."""
 
     def after_fork(self) -> None:
         """A forked child's fresh start: what the parent watched is not the child's."""

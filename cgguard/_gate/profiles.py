@@ -36,12 +36,15 @@ class Window(NamedTuple):
 
 
 class Profile(NamedTuple):
-    """A framework's windows, and the places it captures outside them on purpose."""
+    """A framework's windows, the places it captures outside them on purpose, and its lifecycle
+    functions: those after which inspection checks every graph's bindings (a weight reload, a
+    LoRA load, a wake from sleep), ``module:qualname`` each."""
 
     name: str
     title: str  # the framework and its runner, for people
     windows: tuple[Window, ...]
     exempt: tuple[tuple[str, str], ...]  # (rule, place), as Config(exempt=...) keeps them
+    lifecycle: tuple[str, ...] = ()
 
 
 class ProfileInfo(NamedTuple):
@@ -96,6 +99,9 @@ _DISABLED = "capture_disabled"
 # SGLang's start-up run it after the first capture window closed.
 _FLASHINFER_AUTOTUNER = (_DISABLED, "flashinfer.autotuner")
 
+_VLLM_WORKER = "vllm.v1.worker.gpu_worker"
+_SGLANG_UPDATER = "sglang.srt.model_executor.model_runner_components.weight_updater"
+
 PROFILES: tuple[Profile, ...] = (
     Profile(
         "vllm",
@@ -116,6 +122,23 @@ PROFILES: tuple[Profile, ...] = (
             # The ROCm segmented-attention autotune warm-up, also run by Elastic EP while
             # serving.
             (_DISABLED, "vllm.model_executor.warmup.rocm_segmented_attn_autotune_warmup"),
+        ),
+        (
+            # Each keeps the graphs' pointers by design (layerwise reload copies into the
+            # kernel tensors; sleep remaps the same addresses; LoRA copies into its slots):
+            # the check names a quantization method or plugin that rebinds instead.
+            f"{_VLLM_WORKER}:Worker.reload_weights",
+            f"{_VLLM_WORKER}:Worker.update_weights",
+            f"{_VLLM_WORKER}:Worker.finish_weight_update",
+            f"{_VLLM_WORKER}:Worker.add_lora",
+            f"{_VLLM_WORKER}:Worker.remove_lora",
+            f"{_VLLM_WORKER}:Worker.sleep",
+            f"{_VLLM_WORKER}:Worker.wake_up",
+            # The runners', for a runner driven in process without its worker.
+            "vllm.v1.worker.gpu.model_runner:GPUModelRunner.reload_weights",
+            "vllm.v1.worker.gpu_model_runner:GPUModelRunner.reload_weights",
+            "vllm.v1.worker.lora_model_runner_mixin:LoRAModelRunnerMixin.add_lora",
+            "vllm.v1.worker.lora_model_runner_mixin:LoRAModelRunnerMixin.remove_lora",
         ),
     ),
     Profile(
@@ -161,6 +184,21 @@ PROFILES: tuple[Profile, ...] = (
             # mscclpp's tuning at start-up captures its all-reduce.
             (_DISABLED, "sglang.srt.distributed.device_communicators.pymscclpp"),
             _FLASHINFER_AUTOTUNER,
+        ),
+        (
+            # update_weights_from_disk recaptures only when asked (recapture_cuda_graph,
+            # False by default), and its post-processing may bind new Parameters.
+            f"{_SGLANG_UPDATER}:WeightUpdater.update_weights_from_disk",
+            f"{_SGLANG_UPDATER}:WeightUpdater.update_weights_from_tensor",
+            f"{_SGLANG_UPDATER}:WeightUpdater.load_weights_from_distributed",
+            f"{_SGLANG_UPDATER}:WeightUpdater.update_weights_from_ipc",
+            f"{_SGLANG_UPDATER}:WeightUpdater.end_weight_update",
+            "sglang.srt.managers.scheduler_components.weight_updater"
+            ":SchedulerWeightUpdaterManager.release_memory_occupation",
+            "sglang.srt.managers.scheduler_components.weight_updater"
+            ":SchedulerWeightUpdaterManager.resume_memory_occupation",
+            "sglang.srt.model_executor.model_runner:ModelRunner.load_lora_adapter",
+            "sglang.srt.model_executor.model_runner:ModelRunner.unload_lora_adapter",
         ),
     ),
     Profile(

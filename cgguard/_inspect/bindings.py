@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 # many names it keeps per input: a model of thousands of layers is a few levels and some
 # thousands of objects deep.
 MAX_DEPTH = 10
-MAX_OBJECTS = 200_000
+MAX_OBJECTS = 50_000
 NAMES_PER_INPUT = 4
 # Items looked at per container: a cache of a million entries is not walked through.
 MAX_ITEMS = 10_000
@@ -92,39 +92,83 @@ class Epoch:
         return held[1]
 
 
+class _Node:
+    """One step of a name from the object it starts from; the names of one graph share their
+    first steps (``runner.model.layers.3``), so that a check resolves each step once."""
+
+    __slots__ = ("key", "kind", "parent")
+
+    def __init__(self, parent: _Node | None, kind: int, key: Any) -> None:
+        self.parent = parent
+        self.kind = kind
+        self.key = key
+
+    def steps(self) -> list[tuple[int, Any]]:
+        node: _Node | None = self
+        found = []
+        while node is not None:
+            found.append((node.kind, node.key))
+            node = node.parent
+        return found[::-1]
+
+
 class Binding:
     """One name of a graph's input: a path from an object held weakly, and what it held."""
 
-    __slots__ = ("address", "anchor", "identity", "name", "steps")
+    __slots__ = ("address", "anchor", "dtype", "identity", "name", "node", "ptr", "shape", "stride")
 
     def __init__(
-        self,
-        name: str,
-        anchor: Any,
-        steps: tuple[tuple[int, Any], ...],
-        identity: Identity,
+        self, name: str, anchor: Any, node: _Node, tensor: Any, identity: Identity
     ) -> None:
-        self.name = name  # as a report shows it: runner.model.layers[3].self_attn.W_UV
+        self.name = name  # as a report shows it: runner.model.layers.3.self_attn.W_UV
         self.anchor = weakref.ref(anchor)
-        self.steps = steps
+        self.node = node
         self.identity = identity
-        self.address = identity[0]
+        self.address = identity[0]  # its storage's, as the capture's inputs are keyed
+        # What a check compares first, each one call: the first element's address (storage and
+        # offset), dtype, shape and strides.
+        self.ptr = tensor.data_ptr()
+        self.dtype = tensor.dtype
+        self.shape = tensor.shape
+        self.stride = tensor.stride()
 
-    def current(self, epoch: Epoch) -> tuple[Any, Snapshot | None] | None:
-        """What the name holds now (_MISSING where it is gone), and where ``epoch`` saw its
-        path rebound last (the innermost step); None when the object it starts from is gone,
-        which leaves nothing to compare."""
+    def holds(self, tensor: Any) -> bool:
+        """Whether ``tensor`` is what the graph baked in for this name."""
+        return bool(
+            tensor.data_ptr() == self.ptr
+            and tensor.dtype is self.dtype
+            and tensor.shape == self.shape
+            and tensor.stride() == self.stride
+        )
+
+    def rebound_at(self, epoch: Epoch) -> Snapshot | None:
+        """Where ``epoch`` saw this name's path rebound last (the innermost step it saw)."""
         value = self.anchor()
-        if value is None:
-            return None
         rebound = None
-        for kind, key in self.steps:
+        for kind, key in self.node.steps():
+            if value is None or value is _MISSING:
+                break
             if kind == _ATTR:
                 rebound = epoch.rebound_at(value, key) or rebound
             value = _step(value, kind, key)
-            if value is _MISSING:
-                return _MISSING, rebound
-        return value, epoch.rebound_at(value, "data") or rebound
+        if value is not None and value is not _MISSING:
+            rebound = epoch.rebound_at(value, "data") or rebound
+        return rebound
+
+
+def resolve(node: _Node, anchor: Any, memo: dict[int, Any]) -> Any:
+    """What ``node``'s path from ``anchor`` holds now (_MISSING where it leads nowhere): the
+    steps above it resolved once per ``memo``, shared by its siblings."""
+    parent = node.parent
+    if parent is None:
+        value = anchor
+    else:
+        value = memo.get(id(parent), memo)
+        if value is memo:
+            value = memo[id(parent)] = resolve(parent, anchor, memo)
+    if value is _MISSING:
+        return _MISSING
+    return _step(value, node.kind, node.key)
 
 
 class StaleBinding(NamedTuple):
@@ -136,21 +180,69 @@ class StaleBinding(NamedTuple):
     rebound_at: str | None  # where cgguard saw the name rebound, file:line (in function)
 
 
-def stale(binding: Binding, tensor_type: type, epoch: Epoch) -> tuple[str, Snapshot | None] | None:
-    """How ``binding``'s name changed, and where it was rebound; None while it holds the same
-    tensor (or the object it starts from is gone)."""
-    found = binding.current(epoch)
-    if found is None:
+def stale(binding: Binding, tensor_type: type, memo: dict[int, Any]) -> str | None:
+    """How ``binding``'s name changed, in words; None while it holds the same tensor, or the
+    object it starts from is gone (nothing to compare). ``memo``: the steps resolved so far in
+    this check, by node."""
+    anchor = binding.anchor()
+    if anchor is None:
         return None
-    now, rebound = found
+    now = resolve(binding.node, anchor, memo)
     if now is _MISSING:
-        return "is gone (its object no longer has it)", rebound
+        return "is gone (its object no longer has it)"
     if not isinstance(now, tensor_type):
-        return f"now holds {type(now).__name__}, not a tensor", rebound
+        return f"now holds {type(now).__name__}, not a tensor"
+    if _unchanged(binding, now):
+        return None
     identity = identity_of(now)
     if identity is None or identity == binding.identity:
         return None
-    return f"now holds another tensor ({changes(binding.identity, identity)})", rebound
+    return f"now holds another tensor ({changes(binding.identity, identity)})"
+
+
+def changed(bindings: list[Binding], tensor_type: type) -> list[tuple[Binding, str]]:
+    """Each of ``bindings`` whose name holds another tensor now, with how it changed.
+
+    A check of a thousand names must cost well under a millisecond: the names that still hold
+    their tensor are told so inline, each step above a name resolved once for all its
+    siblings; only a changed one goes the long way, to be put in words."""
+    memo: dict[int, Any] = {}
+    found = []
+    for binding in bindings:
+        anchor = binding.anchor()
+        if anchor is None:
+            continue  # what the name starts from is gone: nothing left to compare
+        node = binding.node
+        parent = node.parent
+        if parent is None:
+            value = anchor
+        else:
+            value = memo.get(id(parent), memo)
+            if value is memo:
+                value = memo[id(parent)] = resolve(parent, anchor, memo)
+        if value is not _MISSING:
+            value = _step(value, node.kind, node.key)
+        try:
+            if (
+                value.data_ptr() == binding.ptr
+                and value.dtype is binding.dtype
+                and value.shape == binding.shape
+                and value.stride() == binding.stride
+            ):
+                continue
+        except Exception:  # noqa: S110 - not a tensor now: the long way says what it is
+            pass
+        change = stale(binding, tensor_type, memo)
+        if change is not None:
+            found.append((binding, change))
+    return found
+
+
+def _unchanged(binding: Binding, now: Any) -> bool:
+    try:
+        return binding.holds(now)
+    except Exception:
+        return True  # a tensor with no memory of its own now: nothing a graph could read
 
 
 def identity_of(tensor: Any) -> Identity | None:
@@ -188,26 +280,50 @@ def name_inputs(
 ) -> list[Binding]:
     """Name each external input of ``inputs`` from the frames from ``frame`` outwards: at most
     NAMES_PER_INPUT names each, the shortest first; names the capture read the very tensor of
-    preferred to names of another view of its storage."""
+    preferred to names of another view of its storage. The walk ends once each input has been
+    found by its very tensor."""
     wanted: dict[int, Input] = {a: i for a, i in inputs.seen.items() if i is not None}
     if not wanted:
         return []
+    left = set(wanted)
     exact: dict[int, list[Binding]] = {}
     other: dict[int, list[Binding]] = {}
+    nodes: dict[tuple[int, int, Any], _Node] = {}
     for tensor, anchor, steps, name in _walk(_roots(frame), tensor_type, module_type):
         identity = identity_of(tensor)
         if identity is None or identity[0] not in wanted:
             continue
         item = wanted[identity[0]]
         read = item.tensor() if item.tensor is not None else None
+        if read is tensor:
+            left.discard(identity[0])
+        if anchor is None or not steps:
+            continue  # a frame's own variable: no object to find its name in again
         found = exact if read is tensor else other
         names = found.setdefault(identity[0], [])
         if len(names) < NAMES_PER_INPUT:
-            names.append(Binding(name, anchor, steps, identity))
+            names.append(Binding(name, anchor, _node(nodes, anchor, steps), tensor, identity))
+        if not left:
+            break
     bindings: list[Binding] = []
     for address in wanted:
         bindings.extend(exact.get(address) or other.get(address) or ())
     return bindings
+
+
+def _node(
+    nodes: dict[tuple[int, int, Any], _Node], anchor: Any, steps: tuple[tuple[int, Any], ...]
+) -> _Node:
+    """The last node of ``steps`` from ``anchor``, each shared with the names before it."""
+    node: _Node | None = None
+    for kind, key in steps:
+        parent_id = id(anchor) if node is None else id(node)
+        made = nodes.get((parent_id, kind, key))
+        if made is None:
+            made = nodes[(parent_id, kind, key)] = _Node(node, kind, key)
+        node = made
+    assert node is not None  # noqa: S101 - steps is never empty here
+    return node
 
 
 def _roots(frame: FrameType | None) -> list[tuple[str, Any]]:
@@ -252,7 +368,7 @@ def _walk(
 ) -> Iterator[tuple[Any, Any, tuple[tuple[int, Any], ...], str]]:
     """Each tensor reachable from ``roots``, breadth first, once: (tensor, the object its path
     starts from, the path's steps from there, its name). A path starts from the outermost
-    object that can be held weakly; a tensor with no such object above it is not named."""
+    object that can be held weakly; a tensor with no such object above it has None."""
     seen: set[int] = set()
     # (object, anchor, steps from the anchor, name, depth)
     queue: deque[tuple[Any, Any, tuple[tuple[int, Any], ...], str, int]] = deque()
@@ -265,8 +381,7 @@ def _walk(
         value, anchor, steps, name, depth = queue.popleft()
         budget -= 1
         if isinstance(value, tensor_type):
-            if anchor is not None and steps:
-                yield value, anchor, steps, name
+            yield value, anchor, steps, name
             continue
         if anchor is None and type(value).__weakrefoffset__:
             anchor, steps = value, ()
@@ -385,16 +500,20 @@ def _own_dict(value: Any) -> dict[str, Any] | None:
 
 
 def _attr(value: Any, key: str) -> Any:
-    own = _own_dict(value)
-    if own is None:
+    # _own_dict inline: a check resolves thousands of these.
+    if not type(value).__dictoffset__:
         return _MISSING
-    if key in own:
-        return own[key]
-    for store in _STORES:
-        held = own.get(store)
-        if isinstance(held, dict) and key in held:
-            return held[key]
-    return _MISSING
+    try:
+        own = object.__getattribute__(value, "__dict__")
+        found = own.get(key, _MISSING)
+        if found is _MISSING:
+            for store in _STORES:
+                held = own.get(store)
+                if held is not None and key in held:
+                    return held[key]
+    except Exception:
+        return _MISSING
+    return found
 
 
 def _cell(value: Any, key: str) -> Any:
@@ -412,6 +531,8 @@ _STEPS: dict[int, Any] = {
 
 def _step(value: Any, kind: int, key: Any) -> Any:
     """One step along a name, read as the walk read it; _MISSING where it leads nowhere."""
+    if kind == _ATTR:
+        return _attr(value, key)
     try:
         return _STEPS[kind](value, key)
     except Exception:

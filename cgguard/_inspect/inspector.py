@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING, Any, cast
 from cgguard._core.probes import NO_TORCH
 from cgguard._core.watcher import GRAPH_NOTES, Watcher
 from cgguard._errors import hidden_by_pytest
+from cgguard._gate.profiles import PROFILES
 from cgguard._inspect import bindings as _bindings
+from cgguard._inspect import lifecycle as _lifecycle
 from cgguard._inspect import liveness as _liveness
 from cgguard._inspect import rebinding as _rebinding
 from cgguard._inspect.mode import mode_type, push_below, remove_mode
@@ -163,6 +165,8 @@ class Inspector(Watcher):
         self.inspections = inspections
         self.first = first  # inspect only the first N captures of each site; None: all
         self.sites: dict[int, tuple[object, int]] = {}  # id(code) -> (code, captures seen)
+        # The built-in profiles' lifecycle functions, each followed by a check of bindings.
+        self.lifecycle = _lifecycle.Lifecycle(self._after_lifecycle)
 
     # The capture path's calls (cgguard._core.watcher).
 
@@ -213,7 +217,9 @@ class Inspector(Watcher):
         if inputs.bindings:
             inspections.bound.add(inputs)
 
-    def check_bindings(self, *, refuse: bool) -> list[_bindings.StaleBinding]:
+    def check_bindings(
+        self, *, refuse: bool, api: str = "cgguard.check_bindings"
+    ) -> list[_bindings.StaleBinding]:
         """Every live graph's bindings, checked now: each stale one reported (refused where
         ``refuse`` and the rule raises: the first such error is raised after all are told)."""
         inspections = self.inspections
@@ -221,9 +227,7 @@ class Inspector(Watcher):
         found: list[_bindings.StaleBinding] = []
         error = None
         for inputs in list(inspections.bound):
-            stale, raised = self._stale_bindings(
-                inputs, "cgguard.check_bindings", refuse=refuse, forget=False, depth=3
-            )
+            stale, raised = self._stale_bindings(inputs, api, refuse=refuse, forget=False, depth=3)
             found.extend(stale)
             error = error or raised
         if error is not None:
@@ -242,11 +246,8 @@ class Inspector(Watcher):
         site = Stack(inputs.record[BEGAN_AT]).where
         found = []
         error = None
-        for binding in list(inputs.bindings):
-            changed = _bindings.stale(binding, tensor_type, inspections.epoch)
-            if changed is None:
-                continue
-            change, rebound_at = changed
+        for binding, change in _bindings.changed(inputs.bindings, tensor_type):
+            rebound_at = binding.rebound_at(inspections.epoch)
             rebound = Stack(rebound_at).where if rebound_at is not None else None
             found.append(_bindings.StaleBinding(binding.name, site, change, rebound))
             name = binding.name.replace("{", "{{").replace("}", "}}")
@@ -269,11 +270,19 @@ class Inspector(Watcher):
                 inputs.bindings.remove(binding)
         return found, error
 
+    def started(self) -> None:
+        if self.installation.reporter.config.profiles != "off":
+            self.lifecycle.watch(tuple(e for p in PROFILES for e in p.lifecycle))
+
     def retired(self) -> None:
         # A reconfiguration took inspection off (or made a new inspector): this one's captures
         # still under way stop judging at once, as its RNG hooks have come off. Their modes
         # come off at their capture_end, as ever.
         self.inspections.retire(self)
+        self.lifecycle.undo()
+
+    def _after_lifecycle(self, entry: str) -> None:
+        self.check_bindings(refuse=False, api=entry)
 
     def hooks(self) -> list[tuple[Any, str, Callable[[Any], Any]]]:
         """torch.cuda's RNG functions, and what can rebind a name a graph reads, wrapped

@@ -224,11 +224,15 @@ def _dead_input(head: str, cause: Cause) -> str:
 
 
 def _stale_binding(head: str, cause: Cause) -> str:
-    # ``why`` names the binding, what changed, and where it was rebound.
+    # ``why`` names the binding, what changed, and where it was rebound. Found at a replay, or
+    # by a check (cgguard.check_bindings(), after a framework's lifecycle function).
+    if head.startswith("CUDAGraph.replay "):
+        found = f"Stale binding at CUDA graph replay: {head} replays a graph"
+    else:
+        found = f"Stale binding: {head} finds a graph"
     return (
-        f"Stale binding at CUDA graph replay: {head} replays a graph whose capture "
-        f"{cause.where} read {cause.why}; the replay would read the tensor the graph baked "
-        f"in, not the one the name holds now. Copy into the old tensor (copy_, "
+        f"{found} whose capture {cause.where} read {cause.why}; a replay would read the tensor "
+        f"the graph baked in, not the one the name holds now. Copy into the old tensor (copy_, "
         f"load_state_dict), or capture the graph again."
     )
 

@@ -10,7 +10,12 @@ cgguard is installed: what is imported here loads neither torch nor cgguard's ca
 which come when a test asks.
 """
 
-from cgguard.testing._helpers import active_simulation, capture_violations, simulated_cuda
+from cgguard.testing._helpers import (
+    active_simulation,
+    bindings_kept,
+    capture_violations,
+    simulated_cuda,
+)
 from cgguard.testing._simcuda import SimulatedCuda, SimulatedCudaError, SimulationError
 
 __all__ = [
@@ -18,6 +23,7 @@ __all__ = [
     "SimulatedCudaError",
     "SimulationError",
     "active_simulation",
+    "bindings_kept",
     "capture_violations",
     "simulated_cuda",
 ]

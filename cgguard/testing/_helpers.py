@@ -89,3 +89,24 @@ def start_session_simulation() -> None:
         "CGGUARD_SIMULATE_CUDA: torch.cuda runs on cgguard's simulated CUDA runtime "
         "(no GPU work; results are not GPU results)",
     )
+
+
+@contextlib.contextmanager
+def bindings_kept() -> Iterator[None]:
+    """Run the block (a weight reload, a LoRA load, a wake from sleep) and fail, with an
+    AssertionError holding each stale_binding message, if after it any live graph captured
+    under inspection reads a tensor whose name the block rebound (cgguard.check_bindings()).
+
+    With inspection off, or no graph captured under it, there is nothing to check: it passes.
+    """
+    from cgguard import _install
+
+    yield
+    with capture_violations() as events:
+        stale = _install.check_bindings()
+    if stale:
+        said = [e["message"] for e in events if e.get("rule") == "stale_binding"]
+        raise AssertionError(
+            "\n".join(said)
+            or "\n".join(f"{s.name} {s.change} (captured at {s.site})" for s in stale)
+        )

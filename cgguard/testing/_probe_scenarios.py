@@ -14,6 +14,7 @@ import functools
 import json
 import sys
 import threading
+import types
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -419,6 +420,21 @@ def _replay_after_input_freed(s: Scene) -> None:
     s.act(s.graph.replay)
 
 
+def _replay_after_rebind(s: Scene) -> None:
+    # A name rebound to a new tensor after the capture (stale_binding): the graph keeps reading
+    # the old one, whose memory still holds its values, so the replay runs, silently.
+    holder = types.SimpleNamespace(weight=s.x.clone())
+    out = s.x.clone()
+    s.begin()
+    with s.torch.cuda.stream(s.side):
+        out.copy_(holder.weight * 2)
+    if s.launched is not None:
+        s.launched(s.side)
+    s.in_capture(s.graph.capture_end)()
+    holder.weight = s.x.clone()
+    s.act(s.graph.replay)
+
+
 SCENARIOS: dict[str, Callable[[Scene], None]] = {
     "device_synchronize": _device_synchronize,
     "capturing_stream_synchronize": _capturing_stream_synchronize,
@@ -468,6 +484,7 @@ SCENARIOS: dict[str, Callable[[Scene], None]] = {
         for call in ("manual_seed", "seed", "get_rng_state", "set_rng_state")
     },
     "replay_after_input_freed": _replay_after_input_freed,
+    "replay_after_rebind": _replay_after_rebind,
 }
 
 
