@@ -400,3 +400,45 @@ def test_naming_runs_no_code_of_the_objects_it_walks(runtime: Runtime) -> None:
     names = [b.name for b in graph.__dict__[_INPUTS].bindings]
     assert (asked, names) == ([], ["owner.weight"])
     del y, proxy
+
+
+@pytest.mark.simulated
+def test_a_compiled_function_that_sets_attributes_keeps_its_graph_whole(sim: Any) -> None:
+    """The rebinding hooks are transparent to torch.compile: a compiled function that reads a
+    tensor's .data and sets a module attribute compiles without a graph break (dynamo would
+    otherwise trace the hook's frame walk, and warn); what it rebinds is check_bindings()'s."""
+    from torch._dynamo.utils import counters
+
+    cgguard.install(cgguard.Config(inspect=True, mode="log", log_file="/dev/null"))
+    torch._dynamo.reset()
+    counters.clear()
+    layer = nn.Linear(4, 4)
+    layer.extra = torch.zeros(2, 4)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = layer.extra + 1
+
+    @torch.compile(backend="eager")
+    def step(x: torch.Tensor) -> torch.Tensor:
+        layer.extra = x * 2
+        return x @ layer.weight.data + layer.extra
+
+    try:
+        out = step(torch.ones(2, 4))
+        stale = [binding.name for binding in cgguard.check_bindings()]
+        assert (dict(counters["graph_break"]), out.shape, stale) == (
+            {},
+            torch.Size([2, 4]),
+            ["layer.extra"],
+        )
+    finally:
+        torch._dynamo.reset()
+    del y
+
+
+@pytest.fixture
+def sim() -> Any:
+    from cgguard.testing import simulated_cuda
+
+    with simulated_cuda() as runtime:
+        yield runtime

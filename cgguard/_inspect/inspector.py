@@ -298,7 +298,8 @@ class Inspector(Watcher):
         torch = sys.modules.get("torch")
         module = getattr(getattr(torch, "nn", None), "Module", None)
         if torch is not None and module is not None:
-            hooks += _rebinding.hooks(self.inspections.epoch, torch.Tensor, module)
+            compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+            hooks += _rebinding.hooks(self.inspections.epoch, torch.Tensor, module, compiling)
         return hooks
 
     # Reporting.

@@ -10,9 +10,10 @@ program rebinds a name a graph may read, each wrapped while inspection is on.
   among them, inherit it);
 - ``nn.Module._apply`` and ``load_state_dict``, once they return.
 
-A rebinding none of these sees (an assignment from C++, an item of a dict or an attribute of an
-object that is not a module) is found by ``cgguard.check_bindings()``, which moves the epoch
-itself, and by a framework's lifecycle function (cgguard._gate.profiles).
+A rebinding none of these sees (an assignment from C++ or from inside a torch.compile'd
+function, an item of a dict or an attribute of an object that is not a module) is found by
+``cgguard.check_bindings()``, which moves the epoch itself, and after a framework's lifecycle
+function (cgguard._gate.profiles).
 """
 
 from __future__ import annotations
@@ -27,23 +28,34 @@ if TYPE_CHECKING:
     from cgguard._inspect.bindings import Epoch
 
 
-def hooks(epoch: Epoch, tensor: type, module: type) -> list[tuple[Any, str, Callable[[Any], Any]]]:
-    """The (owner, name, make) of each path that moves ``epoch``."""
+def hooks(
+    epoch: Epoch, tensor: type, module: type, compiling: Callable[[], bool]
+) -> list[tuple[Any, str, Callable[[Any], Any]]]:
+    """The (owner, name, make) of each path that moves ``epoch``. ``compiling``:
+    ``torch.compiler.is_compiling``, which dynamo reads as true while it traces: a compiled
+    function that sets an attribute is traced through torch's own setattr, not through what
+    would break its graph (a frame walk). Compiled code applies its sets without coming here
+    again: those are for check_bindings() to find."""
     return [
-        (module, "__setattr__", functools.partial(_setattr, epoch, (tensor, module))),
+        (module, "__setattr__", functools.partial(_setattr, epoch, (tensor, module), compiling)),
         (module, "_apply", functools.partial(_after, epoch)),
         (module, "load_state_dict", functools.partial(_after, epoch)),
-        (tensor, "data", functools.partial(_data, epoch)),
+        (tensor, "data", functools.partial(_data, epoch, compiling)),
     ]
 
 
-def _setattr(epoch: Epoch, kinds: tuple[type, ...], original: Any) -> Any:
+def _setattr(
+    epoch: Epoch, kinds: tuple[type, ...], compiling: Callable[[], bool], original: Any
+) -> Any:
     @functools.wraps(original)
     def setattr_(self: Any, name: str, value: Any) -> None:
+        if compiling():
+            return original(self, name, value)  # type: ignore[no-any-return]
         original(self, name, value)
         if isinstance(value, kinds):
             with contextlib.suppress(Exception):  # the program's setattr is never failed
                 epoch.moved(self, name)
+        return None
 
     return setattr_
 
@@ -59,7 +71,7 @@ def _after(epoch: Epoch, original: Any) -> Any:
     return moving
 
 
-def _data(epoch: Epoch, original: Any) -> property:
+def _data(epoch: Epoch, compiling: Callable[[], bool], original: Any) -> property:
     # original: torch._C.TensorBase's getset descriptor, as torch.Tensor.data reads it.
     get, put = original.__get__, original.__set__
 
@@ -68,7 +80,8 @@ def _data(epoch: Epoch, original: Any) -> property:
 
     def set_data(self: Any, value: Any) -> None:
         put(self, value)
-        with contextlib.suppress(Exception):
-            epoch.moved(self, "data")
+        if not compiling():
+            with contextlib.suppress(Exception):
+                epoch.moved(self, "data")
 
     return property(data, set_data, doc=original.__doc__)
