@@ -43,8 +43,11 @@ if TYPE_CHECKING:
 # many names it keeps per input: a model of thousands of layers is a few levels and some
 # thousands of objects deep.
 MAX_DEPTH = 10
-MAX_OBJECTS = 50_000
+MAX_OBJECTS = 20_000
 NAMES_PER_INPUT = 4
+# The innermost frames of the user's whose variables the walk starts from: the capturing
+# function, the runner that calls it, and a few more; not a test runner's or a server's own.
+MAX_FRAMES = 6
 # Items looked at per container: a cache of a million entries is not walked through.
 MAX_ITEMS = 10_000
 
@@ -331,8 +334,10 @@ def _roots(frame: FrameType | None) -> list[tuple[str, Any]]:
     each module once. ``self`` is named by its class."""
     roots: list[tuple[str, Any]] = []
     namespaces: dict[int, dict[str, Any]] = {}
-    while frame is not None:
+    left = MAX_FRAMES
+    while frame is not None and left:
         if visible(frame.f_code):
+            left -= 1
             roots.extend(
                 ((type(value).__name__ if name == "self" else name), value)
                 for name, value in _locals(frame)
