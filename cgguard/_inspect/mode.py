@@ -43,6 +43,7 @@ class Watched(Protocol):
     (cgguard._inspect.inspector)."""
 
     on: bool  # false once the capture is over: the mode only forwards
+    # Both set before the mode is made, and read by it then, once.
     inputs: Inputs | None  # the capture's external inputs, where cgguard tracks them
     every_tensor: bool  # every tensor stands for a device tensor
 
@@ -52,7 +53,7 @@ class Watched(Protocol):
 
 
 @functools.cache
-def mode_type() -> type:
+def mode_type() -> type:  # noqa: PLR0915 - the class and the helpers it closes over
     """The dispatch mode's class, made once torch is imported (cgguard never imports it)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
@@ -61,17 +62,74 @@ def mode_type() -> type:
     # A Parameter is made of a plain tensor only (torch/nn/parameter.py, Parameter.__new__: a
     # subclass's data keeps its own class): both take the hot path, any other subclass held().
     parameter = torch.nn.Parameter
+    # The types of what an op's arguments hold when not a tensor (sizes, scalars, dtypes, None),
+    # told by one set look-up: isinstance(value, torch.Tensor) of any other value goes through
+    # the metaclass's __instancecheck__ (Tensor's is torch._C._TensorMeta), several times that.
+    plain = frozenset(
+        {
+            int,
+            float,
+            bool,
+            complex,
+            str,
+            type(None),
+            torch.dtype,
+            torch.device,
+            torch.layout,
+            torch.memory_format,
+        }
+    )
     # torch.tensor(...) inside the capture: its value is made below the dispatcher, then lifted.
     lift_fresh = torch.ops.aten.lift_fresh.default
     unknown = object()
-    # Each op's table entry, found once per OpOverload: then one dictionary look-up per op.
-    known: dict[Any, SyncOp | None] = {}
+    lifted = object()  # lift_fresh's entry
+    # What an op needs besides the scan, found once per OpOverload: None for most, its sync table
+    # entry, or ``lifted``. Keyed by id(func): an OpOverload's __hash__ is a Python method
+    # (torch/_ops.py, OpOverload.__hash__), one more frame each op. Each op is kept in
+    # ``learned``, so that its id names no other object while it is a key.
+    known: dict[int, Any] = {}
+    learned: list[Any] = []
+
+    def learn(func: Any) -> Any:
+        entry = lifted if func is lift_fresh else _entry(func)
+        learned.append(func)
+        known[id(func)] = entry
+        return entry
+
+    def lift(inputs: Inputs | None, func: Any, args: Any, kwargs: Mapping[str, Any]) -> Any:
+        """A tensor the capture made (torch.tensor(2.0)): its own, not an input."""
+        out = func(*args, **kwargs)
+        if inputs is not None:
+            for value in (*args, out):
+                if isinstance(value, tensor):
+                    for _, _, address in held(value, True):
+                        inputs.made(address)
+        return out
 
     def held(value: Any, every: bool) -> list[tuple[Any, Any, int]]:
         """The memory a tensor subclass reads, as (tensor, storage, address): its own, or a
         wrapper subclass's inner tensors', each looked at alone."""
         found: list[tuple[Any, Any, int]] = []
         gather(value, every, found, 0)
+        return found
+
+    def spread(value: Any, every: bool) -> list[tuple[Any, Any, int]]:
+        """What a list or tuple of tensors (torch.cat's, one level deep) or a tensor subclass
+        holds, as held() tells it: the scan's slow path."""
+        found: list[tuple[Any, Any, int]] = []
+        for item in value if type(value) is list or type(value) is tuple else (value,):
+            kind = type(item)
+            if kind is tensor or kind is parameter:
+                if every or item.is_cuda:
+                    try:
+                        storage = item.untyped_storage()
+                        address = storage.data_ptr()
+                    except Exception:  # noqa: S112 - sparse: no storage to hold
+                        continue
+                    if address:
+                        found.append((item, storage, address))
+            elif kind not in plain and isinstance(item, tensor):
+                gather(item, every, found, 0)
         return found
 
     def gather(value: Any, every: bool, found: list[tuple[Any, Any, int]], depth: int) -> None:
@@ -115,6 +173,9 @@ def mode_type() -> type:
         def __init__(self, capture: Watched) -> None:
             super().__init__()  # type: ignore[no-untyped-call]  # torch's own, untyped
             self.capture = capture
+            # Fixed for the capture (Watched): read once here, not at each op.
+            self.inputs = capture.inputs
+            self.every = capture.every_tensor
 
         @classmethod
         def ignore_compile_internals(cls) -> bool:
@@ -122,78 +183,85 @@ def mode_type() -> type:
             # releases never ask): see the module's docstring.
             return True
 
-        def __torch_dispatch__(  # noqa: PLR0912 - the hot path, inlined on purpose
+        def __torch_dispatch__(  # noqa: PLR0912, PLR0915 - the hot path, inlined on purpose
             self,
             func: Any,
             types: Any,
             args: tuple[Any, ...] = (),
             kwargs: Mapping[str, Any] | None = None,
         ) -> Any:
-            # The hot path of every op inside an inspected capture: inlined, no calls but
-            # torch's for plain tensors, one look-up per op and per tensor already seen.
-            capture = self.capture
+            # The hot path of every op inside an inspected capture: inlined, no Python calls
+            # for plain tensors, one look-up per op and per tensor already seen. Lists, tuples
+            # and tensor subclasses go through spread(). Inputs.read is called from here only:
+            # the stack it notes counts its frames from this one.
             if kwargs is None:
                 kwargs = {}
-            if not capture.on:
+            if not self.capture.on:
                 return func(*args, **kwargs)
-            op = known.get(func, unknown)
-            if op is not None:
-                if op is unknown:
-                    op = known[func] = _entry(func)
-                if op is not None:
-                    capture.synchronizing(op, func, args, kwargs)  # type: ignore[arg-type]
-            inputs = capture.inputs
+            entry = known.get(id(func), unknown)
+            if entry is not None:
+                if entry is unknown:
+                    entry = learn(func)
+                if entry is lifted:
+                    return lift(self.inputs, func, args, kwargs)
+                if entry is not None:
+                    self.capture.synchronizing(entry, func, args, kwargs)
+            inputs = self.inputs
             if inputs is None:
                 return func(*args, **kwargs)
-            every, seen = capture.every_tensor, inputs.seen
-            if func is lift_fresh:
-                # A tensor the capture made (torch.tensor(2.0)): its own, not an input.
-                out = func(*args, **kwargs)
-                for value in (*args, out):
-                    if isinstance(value, tensor):
-                        for _, _, address in held(value, True):
-                            inputs.made(address)
-                return out
-            # out= tensors are read as inputs too: the graph writes where they live.
-            scanned = (*args, *kwargs.values()) if kwargs else args
+            every = self.every
+            seen = inputs.seen
             try:
-                for arg in scanned:
-                    # A tensor, or a list or tuple of them (torch.cat's): one level deep.
-                    for item in arg if type(arg) is list or type(arg) is tuple else (arg,):
-                        kind = type(item)
-                        if kind is tensor or kind is parameter:
-                            if every or item.is_cuda:
-                                # Each tensor alone: one that has no memory to read leaves
-                                # the op's other tensors read.
-                                try:
-                                    storage = item.untyped_storage()
-                                    address = storage.data_ptr()
-                                except Exception:  # noqa: S112 - sparse: no storage to hold
+                # out= tensors are read as inputs too: the graph writes where they live.
+                for arg in (*args, *kwargs.values()) if kwargs else args:
+                    kind = type(arg)
+                    if kind is tensor or kind is parameter:
+                        if every or arg.is_cuda:
+                            # Each tensor alone: one that has no memory to read leaves the
+                            # op's other tensors read. Its storage's address is its own data
+                            # pointer where it has elements and starts its storage
+                            # (c10/core/TensorImpl.h, data_impl: null for no elements, else
+                            # the storage's data plus storage_offset elements), read without
+                            # making the storage's Python object as untyped_storage() does.
+                            try:
+                                address = arg.data_ptr()
+                                if not address or arg.storage_offset():
+                                    address = arg.untyped_storage().data_ptr()
+                            except Exception:  # noqa: S112 - sparse: no storage to hold
+                                continue
+                            if address and address not in seen:
+                                try:  # the storage itself, held from its first read on
+                                    storage = arg.untyped_storage()
+                                except Exception:  # noqa: S112 - as above
                                     continue
-                                if address and address not in seen:
-                                    inputs.read(storage, address, item)
-                        elif isinstance(item, tensor):
-                            for leaf, storage, address in held(item, every):
-                                if address not in seen:
-                                    inputs.read(storage, address, leaf)
+                                inputs.read(storage, address, arg)
+                    elif kind in plain:
+                        continue
+                    elif kind is list or kind is tuple or isinstance(arg, tensor):
+                        for leaf, storage, address in spread(arg, every):
+                            if address not in seen:
+                                inputs.read(storage, address, leaf)
             except Exception as exc:
                 warn_once("inspect:read", f"internal error while inspecting an op: {exc!r}")
             out = func(*args, **kwargs)
             try:
-                for value in out if type(out) is tuple or type(out) is list else (out,):
-                    kind = type(value)
-                    if kind is tensor or kind is parameter:
-                        if every or value.is_cuda:
-                            try:
-                                address = value.untyped_storage().data_ptr()
-                            except Exception:  # noqa: S112 - sparse: no storage to hold
-                                continue
-                            if address and address not in seen:
-                                seen[address] = None  # the capture's own allocation
-                    elif isinstance(value, tensor):
-                        for _, _, address in held(value, every):
-                            if address not in seen:
-                                seen[address] = None
+                kind = type(out)
+                if kind is tensor or kind is parameter:
+                    if every or out.is_cuda:
+                        try:  # its storage's address, as for an input
+                            address = out.data_ptr()
+                            if not address or out.storage_offset():
+                                address = out.untyped_storage().data_ptr()
+                        except Exception:  # sparse: no storage to hold
+                            address = 0
+                        if address and address not in seen:
+                            seen[address] = None  # the capture's own allocation
+                elif kind in plain:
+                    pass
+                elif kind is tuple or kind is list or isinstance(out, tensor):
+                    for _, _, address in spread(out, every):
+                        if address not in seen:
+                            seen[address] = None
             except Exception as exc:
                 warn_once("inspect:made", f"internal error while inspecting an op: {exc!r}")
             return out
