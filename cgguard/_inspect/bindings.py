@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from cgguard._support.frames import stack_above, visible
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Generator, Iterator
     from types import FrameType
 
     from cgguard._inspect.liveness import Input, Inputs
@@ -285,7 +285,8 @@ def name_inputs(
     NAMES_PER_INPUT names each, the shortest first; names the capture read the very tensor of
     preferred to names of another view of its storage. The walk ends once each input has been
     found by its very tensor."""
-    wanted: dict[int, Input] = {a: i for a, i in inputs.seen.items() if i is not None}
+    seen = inputs.seen
+    wanted: dict[int, Input] = {i.address: i for i in inputs.external if seen.get(i.address) is i}
     if not wanted:
         return []
     left = set(wanted)
@@ -298,16 +299,15 @@ def name_inputs(
             continue
         item = wanted[identity[0]]
         read = item.tensor() if item.tensor is not None else None
+        if anchor is not None and steps:  # else a frame's own variable: no name to resolve
+            found = exact if read is tensor else other
+            names = found.setdefault(identity[0], [])
+            if len(names) < NAMES_PER_INPUT:
+                names.append(Binding(name, anchor, _node(nodes, anchor, steps), tensor, identity))
         if read is tensor:
             left.discard(identity[0])
-        if anchor is None or not steps:
-            continue  # a frame's own variable: no object to find its name in again
-        found = exact if read is tensor else other
-        names = found.setdefault(identity[0], [])
-        if len(names) < NAMES_PER_INPUT:
-            names.append(Binding(name, anchor, _node(nodes, anchor, steps), tensor, identity))
-        if not left:
-            break
+            if not left:
+                break
     bindings: list[Binding] = []
     for address in wanted:
         bindings.extend(exact.get(address) or other.get(address) or ())
@@ -329,9 +329,10 @@ def _node(
     return node
 
 
-def _roots(frame: FrameType | None) -> list[tuple[str, Any]]:
-    """The variables of the user's frames, innermost first: their locals, then the globals of
-    each module once. ``self`` is named by its class."""
+def _roots(frame: FrameType | None) -> Iterator[list[tuple[str, Any]]]:
+    """The variables of the user's frames, in two batches, the second read only if asked for:
+    the locals of the innermost frames, innermost first (``self`` named by its class), then the
+    globals of their modules, each once."""
     roots: list[tuple[str, Any]] = []
     namespaces: dict[int, dict[str, Any]] = {}
     left = MAX_FRAMES
@@ -344,9 +345,8 @@ def _roots(frame: FrameType | None) -> list[tuple[str, Any]]:
             )
             namespaces.setdefault(id(frame.f_globals), frame.f_globals)
         frame = frame.f_back
-    for namespace in namespaces.values():
-        roots.extend(list(namespace.items()))
-    return roots
+    yield roots
+    yield [item for namespace in namespaces.values() for item in list(namespace.items())]
 
 
 # Before Python 3.13 (PEP 667), a function frame's f_locals is a dict the frame keeps, filled
@@ -369,19 +369,34 @@ def _locals(frame: FrameType) -> list[tuple[str, Any]]:
 
 
 def _walk(
-    roots: list[tuple[str, Any]], tensor_type: type, module_type: type | None
+    batches: Iterator[list[tuple[str, Any]]], tensor_type: type, module_type: type | None
 ) -> Iterator[tuple[Any, Any, tuple[tuple[int, Any], ...], str]]:
-    """Each tensor reachable from ``roots``, breadth first, once: (tensor, the object its path
-    starts from, the path's steps from there, its name). A path starts from the outermost
-    object that can be held weakly; a tensor with no such object above it has None."""
+    """Each tensor reachable from the roots, breadth first from each batch of them in turn,
+    once: (tensor, the object its path starts from, the path's steps from there, its name). A
+    path starts from the outermost object that can be held weakly; a tensor with no such object
+    above it has None. A later batch is read only once the earlier ones are walked."""
     seen: set[int] = set()
     # (object, anchor, steps from the anchor, name, depth)
     queue: deque[tuple[Any, Any, tuple[tuple[int, Any], ...], str, int]] = deque()
-    for name, value in roots:
-        if id(value) not in seen and _worth(value):
-            seen.add(id(value))
-            queue.append((value, None, (), name, 0))
     budget = MAX_OBJECTS
+    for roots in batches:
+        for name, value in roots:
+            if id(value) not in seen and _worth(value):
+                seen.add(id(value))
+                queue.append((value, None, (), name, 0))
+        budget = yield from _breadth(queue, seen, budget, tensor_type, module_type)
+        if budget <= 0:
+            return
+
+
+def _breadth(
+    queue: deque[tuple[Any, Any, tuple[tuple[int, Any], ...], str, int]],
+    seen: set[int],
+    budget: int,
+    tensor_type: type,
+    module_type: type | None,
+) -> Generator[tuple[Any, Any, tuple[tuple[int, Any], ...], str], None, int]:
+    """Walk ``queue`` breadth first, within ``budget`` objects; the budget left."""
     while queue and budget > 0:
         value, anchor, steps, name, depth = queue.popleft()
         budget -= 1
@@ -398,6 +413,7 @@ def _walk(
             seen.add(id(child))
             step = (kind, key)
             queue.append((child, anchor, (*steps, step), name + text, depth + 1))
+    return budget
 
 
 # What a walk never goes into: no tensor a graph reads is found there.

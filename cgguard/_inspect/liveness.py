@@ -72,7 +72,16 @@ class Input:
 class Inputs:
     """The external inputs of one capture, by storage address, and its own allocations."""
 
-    __slots__ = ("__weakref__", "bindings", "checked", "epoch", "healthy", "record", "seen")
+    __slots__ = (
+        "__weakref__",
+        "bindings",
+        "checked",
+        "epoch",
+        "external",
+        "healthy",
+        "record",
+        "seen",
+    )
 
     def __init__(self, record: Record) -> None:
         # The capture's record, its begin stack resolved once the capture has ended.
@@ -80,6 +89,9 @@ class Inputs:
         # Each storage address the capture has seen: its Input, or None for the capture's own
         # allocation. One dictionary, so that an op's tensor seen before costs one look-up.
         self.seen: dict[int, Input | None] = {}
+        # The inputs alone, in the order first read: a capture of thousands of ops makes
+        # thousands of its own allocations, which naming its inputs need not look through.
+        self.external: list[Input] = []
         # False once an input's storage was freed, or before the first replay's walk: the one
         # test a replay pays.
         self.healthy = False
@@ -93,7 +105,8 @@ class Inputs:
         """The capture read ``tensor`` (on ``storage`` at ``address``): an input unless the
         capture allocated it, noted at its first read."""
         if address not in self.seen:
-            self.seen[address] = Input(self, storage, address, describe(tensor), tensor)
+            item = self.seen[address] = Input(self, storage, address, describe(tensor), tensor)
+            self.external.append(item)
 
     def made(self, address: int) -> None:
         """The capture's own op allocated (or wrote) the storage at ``address``."""
