@@ -70,8 +70,9 @@ def test_bad_values_warn_at_start_and_the_program_runs() -> None:
     done = python("print('ran')", env)
     assert (done.returncode, done.stdout) == (0, "ran\n")
     assert done.stderr == (
-        "cgguard: ignoring CGGUARD_MODE='rase': accepted values are raise, log\n"
-        "cgguard: ignoring CGGUARD_CAPTURE='sometimes': accepted values are enabled, disabled\n"
+        "cgguard: ignoring CGGUARD_MODE='rase': accepted values are raise, log; using log\n"
+        "cgguard: ignoring CGGUARD_CAPTURE='sometimes': accepted values are enabled, disabled; "
+        "using as it is (enabled at start)\n"
     )
 
 
@@ -83,7 +84,7 @@ def test_bad_enabled_value_warns_and_stays_off() -> None:
     assert done.stdout == f"{patched_count()} sitecustomize\n"
     assert done.stderr == (
         "cgguard: ignoring CGGUARD_ENABLED='maybe': accepted values are "
-        "1/true/yes/on or 0/false/no/off\n"
+        "1/true/yes/on or 0/false/no/off; treated as unset\n"
     )
 
 
@@ -130,7 +131,7 @@ def test_known_variables_cost_no_name_matching() -> None:
             "cgguard._support",
             "cgguard._support.warn",
         ],
-        "cgguard: ignoring CGGUARD_MODE='rase': accepted values are raise, log\n",
+        "cgguard: ignoring CGGUARD_MODE='rase': accepted values are raise, log; using log\n",
     )
     assert expected == (added, done.stderr)
 
@@ -142,7 +143,11 @@ def test_long_values_are_cut_at_start(name: str) -> None:
     env = clean_environ(CGGUARD_ENABLED="1")
     env[name] = "x" * 10_000
     done = python("print('ran')", env)
-    accepted = "1/true/yes/on or 0/false/no/off" if name == "CGGUARD_ENABLED" else "raise, log"
+    accepted = (
+        "1/true/yes/on or 0/false/no/off; treated as unset"
+        if name == "CGGUARD_ENABLED"
+        else "raise, log; using log"
+    )
     expected = (
         0,
         "ran\n",

@@ -338,10 +338,16 @@ def test_from_environ_nothing_set(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_from_environ_bad_value_warns_and_uses_default(capsys: pytest.CaptureFixture[str]) -> None:
-    """A rejected value falls back to the default, with exactly one stderr line saying so."""
-    environ = {"CGGUARD_MODE": "rase", "CGGUARD_LOG_FORMAT": "console"}
-    assert cgguard.Config(log_format="console") == cgguard.Config.from_environ(environ)
-    expected_err = "cgguard: ignoring CGGUARD_MODE='rase': accepted values are raise, log\n"
+    """A rejected value falls back, with exactly one stderr line naming the value in force: the
+    default, or for the mode the least disruptive one, log (a mistyped mode never makes a
+    process raise)."""
+    environ = {"CGGUARD_MODE": "rase", "CGGUARD_LOG_FORMAT": "console", "CGGUARD_CAPTURE": "x"}
+    assert cgguard.Config(mode="log", log_format="console") == cgguard.Config.from_environ(environ)
+    expected_err = (
+        "cgguard: ignoring CGGUARD_MODE='rase': accepted values are raise, log; using log\n"
+        "cgguard: ignoring CGGUARD_CAPTURE='x': accepted values are enabled, disabled; "
+        "using as it is (enabled at start)\n"
+    )
     assert ("", expected_err) == capsys.readouterr()
 
 
@@ -352,7 +358,7 @@ def test_from_environ_bad_value_warns_once(capsys: pytest.CaptureFixture[str]) -
     cgguard.Config.from_environ(environ)
     expected_err = (
         "cgguard: ignoring CGGUARD_SIMULATE_CUDA='maybe': "
-        "accepted values are 1/true/yes/on or 0/false/no/off\n"
+        "accepted values are 1/true/yes/on or 0/false/no/off; using off\n"
     )
     assert ("", expected_err) == capsys.readouterr()
 
@@ -360,7 +366,7 @@ def test_from_environ_bad_value_warns_once(capsys: pytest.CaptureFixture[str]) -
 def test_from_environ_warn_false_is_silent(capsys: pytest.CaptureFixture[str]) -> None:
     """warn=False still ignores a rejected value, but prints nothing."""
     environ = {"CGGUARD_MODE": "rase", "CGGUARD_CAPTURE": "sometimes"}
-    assert cgguard.Config() == cgguard.Config.from_environ(environ, warn=False)
+    assert cgguard.Config(mode="log") == cgguard.Config.from_environ(environ, warn=False)
     assert capsys.readouterr() == ("", "")
 
 
@@ -436,7 +442,7 @@ def test_from_environ_bad_rule_action_warns_and_uses_default(
     config = cgguard.Config.from_environ(environ)
     expected_err = (
         "cgguard: ignoring CGGUARD_RULE_NESTED_CAPTURE='warn': "
-        "accepted values are raise, log, off\n"
+        "accepted values are raise, log, off; using the rule's default action\n"
     )
     assert (cgguard.Config(rules={"concurrent_capture": "off"}), ("", expected_err)) == (
         config,
@@ -732,9 +738,9 @@ def test_from_environ_never_raises_for_a_mapping_built_in_code(
     config = cgguard.Config.from_environ(environ)  # type: ignore[arg-type]
     expected_err = (
         "cgguard: ignoring CGGUARD_LOG_FILE=b'cg.log': "
-        "accepted values are a path (not blank, no NUL character)\n"
+        "accepted values are a path (not blank, no NUL character); using none\n"
         "cgguard: ignoring CGGUARD_REPORT='r\\x00.json': "
-        "accepted values are a path (not blank, no NUL character)\n"
+        "accepted values are a path (not blank, no NUL character); using none\n"
     )
     assert (cgguard.Config(mode="log"), ("", expected_err)) == (config, capsys.readouterr())
 

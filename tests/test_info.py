@@ -21,7 +21,7 @@ def test_configuration_shows_unknown_variables_and_cut_values() -> None:
         "  enabled        1            (CGGUARD_ENABLED)",
         *DEFAULT_CONFIGURATION,
         f"  warning: ignoring CGGUARD_CAPTURE='{'x' * 199}... (10000 characters): "
-        "accepted values are enabled, disabled",
+        "accepted values are enabled, disabled; using as it is (enabled at start)",
         "  warning: ignoring CGGUARD_MOD: no such variable; did you mean CGGUARD_MODE?",
     ]
     assert expected == _configuration(environ)

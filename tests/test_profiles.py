@@ -545,7 +545,8 @@ def test_a_bad_profiles_value_is_one_line_naming_it(capfd: pytest.CaptureFixture
     config = cgguard.Config.from_environ({"CGGUARD_PROFILES": "maybe"})
     assert (config.profiles, capfd.readouterr().err) == (
         "log",
-        "cgguard: ignoring CGGUARD_PROFILES='maybe': accepted values are log, raise, off\n",
+        "cgguard: ignoring CGGUARD_PROFILES='maybe': accepted values are log, raise, off; "
+        "using log\n",
     )
 
 

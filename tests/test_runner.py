@@ -1195,9 +1195,10 @@ def test_info_reports_versions_configuration_and_activation(tmp_path: Path) -> N
         "  rule           dead_input: log (from CGGUARD_MODE)",
         "  rule           stale_binding: log (from CGGUARD_MODE)",
         "  rule           rng_during_capture: log (from CGGUARD_MODE)",
-        "  warning: ignoring CGGUARD_CAPTURE='sometimes': accepted values are enabled, disabled",
+        "  warning: ignoring CGGUARD_CAPTURE='sometimes': accepted values are enabled, disabled; "
+        "using as it is (enabled at start)",
         "  warning: ignoring CGGUARD_RULE_NESTED_CAPTURE='warn': "
-        "accepted values are raise, log, off",
+        "accepted values are raise, log, off; using the rule's default action",
         "",
         "activation:",
         *pth_lines,

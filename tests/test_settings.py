@@ -138,7 +138,10 @@ def test_read_mixed_mapping() -> None:
             "simulate_cuda": "CGGUARD_SIMULATE_CUDA",
             "rules.nested_capture": "CGGUARD_RULE_NESTED_CAPTURE",
         },
-        ["ignoring CGGUARD_CAPTURE='sometimes': accepted values are enabled, disabled"],
+        [
+            "ignoring CGGUARD_CAPTURE='sometimes': accepted values are enabled, disabled; "
+            "using as it is (enabled at start)"
+        ],
     )
     assert expected == _settings.read(environ)
 
@@ -154,18 +157,20 @@ def test_read_bad_boolean_and_bad_choice() -> None:
         "CGGUARD_MODE": "rase",
     }
     expected: tuple[dict[str, object], dict[str, str], list[str]] = (
-        {},
-        {},
+        {"mode": "log"},
+        {"mode": "CGGUARD_MODE"},
         [
-            "ignoring CGGUARD_MODE='rase': accepted values are raise, log",
-            "ignoring CGGUARD_LOG_TARGET='syslog': accepted values are stderr, file, logging",
+            "ignoring CGGUARD_MODE='rase': accepted values are raise, log; using log",
+            "ignoring CGGUARD_LOG_TARGET='syslog': accepted values are stderr, file, logging; "
+            "using stderr, or the log file when set",
             "ignoring CGGUARD_SIMULATE_CUDA='maybe': "
-            "accepted values are 1/true/yes/on or 0/false/no/off",
+            "accepted values are 1/true/yes/on or 0/false/no/off; using off",
             "ignoring CGGUARD_VLLM_BRIDGE='auto': "
-            "accepted values are 1/true/yes/on or 0/false/no/off",
-            "ignoring CGGUARD_RULE_CAPTURE_DISABLED='warn': accepted values are raise, log, off",
+            "accepted values are 1/true/yes/on or 0/false/no/off; using on",
+            "ignoring CGGUARD_RULE_CAPTURE_DISABLED='warn': accepted values are raise, log, off; "
+            "using the rule's default action",
             "ignoring CGGUARD_RULE_SYNC_DURING_CAPTURE='silent': "
-            "accepted values are raise, log, off",
+            "accepted values are raise, log, off; using the rule's default action",
         ],
     )
     assert expected == _settings.read(environ)
@@ -372,7 +377,8 @@ def test_unknown_variables_do_not_hide_known_ones() -> None:
         {"mode": "log", "rules": {"nested_capture": "off"}},
         {"mode": "CGGUARD_MODE", "rules.nested_capture": "CGGUARD_RULE_NESTED_CAPTURE"},
         [
-            "ignoring CGGUARD_CAPTURE='never': accepted values are enabled, disabled",
+            "ignoring CGGUARD_CAPTURE='never': accepted values are enabled, disabled; "
+            "using as it is (enabled at start)",
             "ignoring CGGUARD_REPORTS: no such variable; did you mean CGGUARD_REPORT?",
             "ignoring CGGUARD_MOD: no such variable; did you mean CGGUARD_MODE?",
         ],
@@ -404,17 +410,17 @@ LONG = "x" * 10_000
         (
             {"CGGUARD_MODE": LONG},
             f"ignoring CGGUARD_MODE='{'x' * 199}... (10000 characters): "
-            "accepted values are raise, log",
+            "accepted values are raise, log; using log",
         ),
         (
             {"CGGUARD_RULE_NESTED_CAPTURE": LONG},
             f"ignoring CGGUARD_RULE_NESTED_CAPTURE='{'x' * 199}... (10000 characters): "
-            "accepted values are raise, log, off",
+            "accepted values are raise, log, off; using the rule's default action",
         ),
         (
             {"CGGUARD_SIMULATE_CUDA": "yes " + LONG},
             f"ignoring CGGUARD_SIMULATE_CUDA='yes {'x' * 195}... (10004 characters): "
-            "accepted values are 1/true/yes/on or 0/false/no/off",
+            "accepted values are 1/true/yes/on or 0/false/no/off; using off",
         ),
         (
             {"CGGUARD_" + LONG: "1"},
@@ -429,7 +435,7 @@ LONG = "x" * 10_000
 )
 def test_long_values_are_cut_in_problem_lines(environ: dict[str, str], line: str) -> None:
     """A value or name of 10,000 characters shows its first 200 and its length, not all of it."""
-    assert ({}, {}, [line]) == _settings.read(environ)
+    assert [line] == _settings.read(environ)[2]
 
 
 def test_path_with_a_nul_character_is_a_problem() -> None:
@@ -439,7 +445,7 @@ def test_path_with_a_nul_character_is_a_problem() -> None:
         {"log_file": "CGGUARD_LOG_FILE"},
         [
             "ignoring CGGUARD_REPORT='r\\x00.json': "
-            "accepted values are a path (not blank, no NUL character)"
+            "accepted values are a path (not blank, no NUL character); using none"
         ],
     )
     assert expected == _settings.read({"CGGUARD_REPORT": "r\0.json", "CGGUARD_LOG_FILE": "ok.log"})
@@ -456,15 +462,16 @@ def test_values_that_are_not_text_are_problems() -> None:
         7: "x",
     }
     expected = (
-        {},
-        {},
+        {"mode": "log"},
+        {"mode": "CGGUARD_MODE"},
         [
-            "ignoring CGGUARD_MODE=1: accepted values are raise, log",
+            "ignoring CGGUARD_MODE=1: accepted values are raise, log; using log",
             "ignoring CGGUARD_REPORT=b'r.json': "
-            "accepted values are a path (not blank, no NUL character)",
+            "accepted values are a path (not blank, no NUL character); using none",
             "ignoring CGGUARD_SIMULATE_CUDA=True: "
-            "accepted values are 1/true/yes/on or 0/false/no/off",
-            "ignoring CGGUARD_RULE_NESTED_CAPTURE=None: accepted values are raise, log, off",
+            "accepted values are 1/true/yes/on or 0/false/no/off; using off",
+            "ignoring CGGUARD_RULE_NESTED_CAPTURE=None: accepted values are raise, log, off; "
+            "using the rule's default action",
         ],
     )
     assert expected == _settings.read(environ)  # type: ignore[arg-type]
@@ -560,7 +567,7 @@ def test_inspect_first_takes_a_whole_number_of_one_or_more(raw: str, expected: o
             {},
             [
                 f"ignoring CGGUARD_INSPECT_FIRST={raw!r}: accepted values are a whole number, "
-                "1 or more"
+                "1 or more; using every capture of each site"
             ],
         )
     else:

@@ -46,7 +46,7 @@ SHOWN = 200
 class Setting:
     """One Config field: its variable, what it accepts, its default, and what unset means."""
 
-    __slots__ = ("choices", "default", "field", "name", "unset", "variable")
+    __slots__ = ("choices", "default", "fallback", "field", "name", "unset", "variable")
 
     def __init__(
         self,
@@ -56,6 +56,7 @@ class Setting:
         unset: str = "",
         *,
         name: str = "",
+        fallback: "Any" = None,
     ) -> None:
         self.field = field
         # The variable's and the option's name, where it is not the field's: one window each.
@@ -65,6 +66,17 @@ class Setting:
         self.choices = choices
         self.default: Any = default
         self.unset = unset  # what None means, for people (cgguard info)
+        # What a value cgguard does not accept gives way to: the default, unless a setting
+        # names a less disruptive one (the mode: a mistyped mode never makes a process raise).
+        self.fallback: Any = default if fallback is None else fallback
+
+    def words(self, value: "Any") -> str:
+        """``value`` as a warning names the value in force."""
+        if value is None or value == ():
+            return self.unset or "none"
+        if self.choices is BOOL:
+            return "on" if value else "off"
+        return str(value)
 
     @property
     def option(self) -> str:
@@ -93,12 +105,14 @@ class Setting:
 SETTINGS: "dict[str, Setting]" = {
     s.field: s
     for s in (
-        Setting("mode", ("raise", "log"), "raise"),
+        Setting("mode", ("raise", "log"), "raise", fallback="log"),
         Setting(
             "log_format", ("json", "console"), None, "json, or console when stderr is a terminal"
         ),
         Setting("log_file", PATH, None, "none"),
-        Setting("log_target", ("stderr", "file", "logging"), None),
+        Setting(
+            "log_target", ("stderr", "file", "logging"), None, "stderr, or the log file when set"
+        ),
         Setting("report", PATH, None, "none"),
         Setting("capture", ("enabled", "disabled"), None, "as it is (enabled at start)"),
         Setting("simulate_cuda", BOOL, False),
@@ -229,8 +243,11 @@ def read(environ: "Mapping[str, str]") -> "tuple[dict[str, object], dict[str, st
         if value is None:
             problems.append(
                 f"ignoring {setting.variable}={shown(raw)}: accepted values are "
-                f"{accepted(setting.choices)}"
+                f"{accepted(setting.choices)}; using {setting.words(setting.fallback)}"
             )
+            if setting.fallback != setting.default:
+                values[setting.field] = setting.fallback
+                sources[setting.field] = setting.variable
             continue
         values[setting.field] = value
         sources[setting.field] = setting.variable
@@ -328,7 +345,8 @@ def _read_rules(
             continue
         if folded not in ACTIONS:
             problems.append(
-                f"ignoring {name}={shown(raw)}: accepted values are {accepted(ACTIONS)}"
+                f"ignoring {name}={shown(raw)}: accepted values are {accepted(ACTIONS)}; "
+                "using the rule's default action"
             )
             continue
         rules[rule] = folded
@@ -387,10 +405,15 @@ def activation_says_on(default: bool) -> bool:
 
     enabled = is_enabled(os.environ)
     raw = os.environ.get(ENABLED, "")
-    if enabled is None and raw.strip():
-        line = f"ignoring {ENABLED}={shown(raw)}: accepted values are {accepted(BOOL)}"
-        warn_once(line, line)
     on = default if enabled is None else enabled
+    if enabled is None and raw.strip():
+        # Each start-up path (the .pth, a sitecustomize) has its own default: said once, as
+        # the variable being unset, which is what each then does.
+        line = (
+            f"ignoring {ENABLED}={shown(raw)}: accepted values are {accepted(BOOL)}; "
+            "treated as unset"
+        )
+        warn_once(line, line)
     if on:
         for line in read(os.environ)[2]:
             warn_once(line, line)
