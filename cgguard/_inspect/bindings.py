@@ -135,15 +135,6 @@ class Binding:
         self.shape = tensor.shape
         self.stride = tensor.stride()
 
-    def holds(self, tensor: Any) -> bool:
-        """Whether ``tensor`` is what the graph baked in for this name."""
-        return bool(
-            tensor.data_ptr() == self.ptr
-            and tensor.dtype is self.dtype
-            and tensor.shape == self.shape
-            and tensor.stride() == self.stride
-        )
-
     def rebound_at(self, epoch: Epoch) -> Snapshot | None:
         """Where ``epoch`` saw this name's path rebound last (the innermost step it saw)."""
         value = self.anchor()
@@ -183,70 +174,57 @@ class StaleBinding(NamedTuple):
     rebound_at: str | None  # where cgguard saw the name rebound, file:line (in function)
 
 
-def stale(binding: Binding, tensor_type: type, memo: dict[int, Any]) -> str | None:
-    """How ``binding``'s name changed, in words; None while it holds the same tensor, or the
-    object it starts from is gone (nothing to compare). ``memo``: the steps resolved so far in
-    this check, by node."""
-    anchor = binding.anchor()
-    if anchor is None:
-        return None
-    now = resolve(binding.node, anchor, memo)
-    if now is _MISSING:
-        return "is gone (its object no longer has it)"
-    if not isinstance(now, tensor_type):
-        return f"now holds {type(now).__name__}, not a tensor"
-    if _unchanged(binding, now):
-        return None
-    identity = identity_of(now)
-    if identity is None or identity == binding.identity:
-        return None
-    return f"now holds another tensor ({changes(binding.identity, identity)})"
-
-
 def changed(bindings: list[Binding], tensor_type: type) -> list[tuple[Binding, str]]:
-    """Each of ``bindings`` whose name holds another tensor now, with how it changed.
+    """Each of ``bindings`` whose name holds another tensor now, with how it changed, in words;
+    a name whose object it starts from is gone is left out (nothing to compare).
 
-    A check of a thousand names must cost well under a millisecond: the names that still hold
-    their tensor are told so inline, each step above a name resolved once for all its
-    siblings; only a changed one goes the long way, to be put in words."""
+    A check of a thousand names must cost well under a millisecond: each step above a name is
+    resolved once for all its siblings, and a name that still holds its tensor is told so by
+    four comparisons inline; only a changed one is put in words."""
     memo: dict[int, Any] = {}
     found = []
+    # A name's siblings come one after the other (a layer's weight and bias): the object they
+    # are read from is resolved once for them.
+    last: Any = None
+    above: Any = None
     for binding in bindings:
         anchor = binding.anchor()
         if anchor is None:
-            continue  # what the name starts from is gone: nothing left to compare
-        # resolve(), inline: a call per name is a tenth of the check's budget.
+            continue
         node = binding.node
-        parent = node.parent
-        if parent is None:
-            value = anchor
-        else:
-            value = memo.get(id(parent), memo)
-            if value is memo:
-                value = memo[id(parent)] = resolve(parent, anchor, memo)
-        if value is not _MISSING:
-            value = _step(value, node.kind, node.key)
+        if node.parent is None:
+            above = anchor
+        elif node.parent is not last:
+            last = node.parent
+            above = resolve(last, anchor, memo)
+        now = _MISSING if above is _MISSING else _step(above, node.kind, node.key)
         try:
             if (
-                value.data_ptr() == binding.ptr
-                and value.dtype is binding.dtype
-                and value.shape == binding.shape
-                and value.stride() == binding.stride
+                now.data_ptr() == binding.ptr
+                and now.dtype is binding.dtype
+                and now.shape == binding.shape
+                and now.stride() == binding.stride
             ):
                 continue
-        except Exception:  # noqa: S110 - not a tensor now: the long way says what it is
+        except Exception:  # noqa: S110 - no tensor, or none with memory: _change says which
             pass
-        change = stale(binding, tensor_type, memo)
+        change = _change(binding, now, tensor_type)
         if change is not None:
             found.append((binding, change))
     return found
 
 
-def _unchanged(binding: Binding, now: Any) -> bool:
-    try:
-        return binding.holds(now)
-    except Exception:
-        return True  # a tensor with no memory of its own now: nothing a graph could read
+def _change(binding: Binding, now: Any, tensor_type: type) -> str | None:
+    """How what ``binding``'s name holds ``now`` differs from what the graph baked in; None
+    for a tensor with no memory of its own, which no graph could read."""
+    if now is _MISSING:
+        return "is gone (its object no longer has it)"
+    if not isinstance(now, tensor_type):
+        return f"now holds {type(now).__name__}, not a tensor"
+    identity = identity_of(now)
+    if identity is None or identity == binding.identity:
+        return None
+    return f"now holds another tensor ({changes(binding.identity, identity)})"
 
 
 def identity_of(tensor: Any) -> Identity | None:
