@@ -16,8 +16,9 @@ storage pointer, dtype, shape, strides and storage offset. Where the capture rea
 object a name holds, only such names are kept: a view kept under another name is not what the
 graph reads.
 
-Names are resolved again only when the epoch moved (``Epoch``): the paths cgguard sees that
-can rebind a name move it, so a replay whose bindings have not moved pays one comparison.
+Names are resolved again only when the epoch moved (cgguard._inspect.inspections.Epoch): the
+paths cgguard sees that can rebind a name move it, so a replay whose bindings have not moved
+pays one comparison.
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ from collections import deque
 from types import FunctionType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cgguard._support.frames import stack_above, visible
+from cgguard._support.frames import visible
 
 if TYPE_CHECKING:
     from collections.abc import Generator, Iterator
     from types import FrameType
 
+    from cgguard._inspect.inspections import Epoch
     from cgguard._inspect.liveness import Input, Inputs
     from cgguard._support.frames import Snapshot
 
@@ -54,45 +56,9 @@ MAX_ITEMS = 10_000
 # The kinds of step along a name.
 _ATTR, _ITEM, _ARG, _KEYWORD, _CELL = range(5)
 _MISSING: Any = object()
-# Where the epoch keeps the rebindings it saw: bounded, the oldest forgotten first.
-REBINDS_MAX = 4096
 
 # An identity: (storage pointer, dtype, shape, strides, storage offset).
 Identity = tuple[int, Any, tuple[int, ...], tuple[int, ...], int]
-
-
-class Epoch:
-    """Moved by each path cgguard sees that can rebind a name: ``nn.Module.__setattr__`` of a
-    tensor or module, ``Module._apply`` (``.to()``, ``.half()``), ``load_state_dict``, a tensor's
-    ``.data =``, a framework's lifecycle function, ``check_bindings()``. A graph's bindings are
-    resolved again only when it moved since their last check.
-
-    It also keeps where each attribute was last rebound (the owner held weakly), for a report.
-    """
-
-    __slots__ = ("rebinds", "value")
-
-    def __init__(self) -> None:
-        self.value = 0
-        self.rebinds: dict[tuple[int, str], tuple[weakref.ref[Any], Snapshot]] = {}
-
-    def moved(self, owner: Any = None, name: str = "", depth: int = 2) -> None:
-        """Something may have been rebound (``owner.name``, where known, at the caller's)."""
-        self.value += 1
-        if owner is None:
-            return
-        with contextlib.suppress(TypeError):  # an owner without weak references: not kept
-            rebinds = self.rebinds
-            if len(rebinds) >= REBINDS_MAX:
-                del rebinds[next(iter(rebinds))]
-            rebinds[(id(owner), name)] = (weakref.ref(owner), stack_above(depth))
-
-    def rebound_at(self, owner: Any, name: str) -> Snapshot | None:
-        """Where ``owner.name`` was last rebound, if cgguard saw it."""
-        held = self.rebinds.get((id(owner), name))
-        if held is None or held[0]() is not owner:
-            return None
-        return held[1]
 
 
 class _Node:

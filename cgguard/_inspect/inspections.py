@@ -1,15 +1,17 @@
 """The inspected captures of the process, kept across reconfigurations: each thread's own, and
-those open on any thread (cgguard._process holds them; cgguard._inspect.inspector fills them).
-Light to import: the process's owner makes them whether or not inspection is ever on."""
+those open on any thread (cgguard._process holds them; cgguard._inspect.inspector fills them),
+and the bindings' epoch. Light to import: the process's owner makes them whether or not
+inspection is ever on, so naming inputs (cgguard._inspect.bindings) is not imported here."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from cgguard._inspect.bindings import Epoch
 from cgguard._rules.record import THREAD
+from cgguard._support.frames import stack_above
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -17,6 +19,7 @@ if TYPE_CHECKING:
 
     from cgguard._data.schema import ViolationEvent
     from cgguard._rules.record import Record
+    from cgguard._support.frames import Snapshot
 
     # A type only: made at run time, a Protocol class costs the process's start-up for nothing.
     class Inspected(Protocol):
@@ -29,6 +32,44 @@ if TYPE_CHECKING:
         offender: ViolationEvent | None  # the first violation let through during it
 
         def take_off(self) -> None: ...
+
+
+# Where the epoch keeps the rebindings it saw: bounded, the oldest forgotten first.
+REBINDS_MAX = 4096
+
+
+class Epoch:
+    """Moved by each path cgguard sees that can rebind a name: ``nn.Module.__setattr__`` of a
+    tensor or module, ``Module._apply`` (``.to()``, ``.half()``), ``load_state_dict``, a tensor's
+    ``.data =``, a framework's lifecycle function, ``check_bindings()``. A graph's bindings are
+    resolved again only when it moved since their last check.
+
+    It also keeps where each attribute was last rebound (the owner held weakly), for a report.
+    """
+
+    __slots__ = ("rebinds", "value")
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.rebinds: dict[tuple[int, str], tuple[weakref.ref[Any], Snapshot]] = {}
+
+    def moved(self, owner: Any = None, name: str = "", depth: int = 2) -> None:
+        """Something may have been rebound (``owner.name``, where known, at the caller's)."""
+        self.value += 1
+        if owner is None:
+            return
+        with contextlib.suppress(TypeError):  # an owner without weak references: not kept
+            rebinds = self.rebinds
+            if len(rebinds) >= REBINDS_MAX:
+                del rebinds[next(iter(rebinds))]
+            rebinds[(id(owner), name)] = (weakref.ref(owner), stack_above(depth))
+
+    def rebound_at(self, owner: Any, name: str) -> Snapshot | None:
+        """Where ``owner.name`` was last rebound, if cgguard saw it."""
+        held = self.rebinds.get((id(owner), name))
+        if held is None or held[0]() is not owner:
+            return None
+        return held[1]
 
 
 class Inspections:

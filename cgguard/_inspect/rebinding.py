@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from cgguard._inspect.bindings import Epoch
+    from cgguard._inspect.inspections import Epoch
 
 
 def hooks(
