@@ -168,6 +168,20 @@ def is_initializing(module: "ModuleType") -> bool:
     return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
 
 
+def when_ready(name: str, hook: "Callable[[ModuleType], None]") -> None:
+    """Call ``hook(module)`` as soon as ``name`` is a whole module: now if it is imported, once
+    the import executing it finishes if one is under way (its own import of torch may have
+    activated cgguard, before it defines its names), else once someone imports it. Never
+    imports it; cancel() takes a waiting hook back."""
+    module = sys.modules.get(name)
+    if module is None:
+        when_imported(name, hook)
+    elif is_initializing(module):
+        when_initialized(module, hook)
+    else:
+        hook(module)
+
+
 def when_initialized(module: "ModuleType", hook: "Callable[[ModuleType], object]") -> None:
     """Call ``hook(module)`` once the import executing ``module`` now has finished; a hook
     already waiting for it is not added twice.

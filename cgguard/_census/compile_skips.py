@@ -94,13 +94,7 @@ class CompileSkips:
         """Count skipped cudagraphs into ``installation``'s census from now on: at once if
         torch._dynamo.utils is imported, otherwise once it is."""
         self.installation = installation
-        utils = sys.modules.get(MODULE)
-        if utils is None:
-            _boot.when_imported(MODULE, self.hook)
-        elif _boot.is_initializing(utils):
-            _boot.when_initialized(utils, self.hook)
-        else:
-            self.hook(utils)
+        _boot.when_ready(MODULE, self.hook)
 
     def stop(self) -> None:
         """Stop counting, and give torch plain counters back."""

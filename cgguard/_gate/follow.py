@@ -96,15 +96,9 @@ class FollowedFlags:
 
     def _start(self, module: str, attribute: str, setter: str | None) -> _Follow:
         follow = _Follow(module, attribute, setter, self.follows)
-        found = sys.modules.get(module)
-        if found is not None and _boot.is_initializing(found):
-            # Being imported now (its own import of torch activated cgguard, say): its setter
-            # is not defined yet, and is wrapped once the module has run to its end.
-            _boot.when_initialized(found, follow.apply)
-        elif found is not None:
-            follow.apply(found)
-        else:
-            _boot.when_imported(module, follow.apply)
+        # A module being imported now has no setter yet: it is wrapped once the module has run
+        # to its end.
+        _boot.when_ready(module, follow.apply)
         return follow
 
     def follow_vllm(self, enabled: bool) -> None:

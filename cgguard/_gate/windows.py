@@ -116,12 +116,10 @@ class Entry:
         """Watch what the entry names; the reason it cannot be watched, if so."""
         if self.reader is not None:
             return self._read_by(self.reader, module)
-        *path, name = self.entry.partition(":")[2].split(".")
-        owner: Any = module
-        for part in path:
-            owner = getattr(owner, part, _MISSING)
-            if owner is _MISSING:
-                return f"{module.__name__} has no {part!r}"
+        found = owner_of(module, self.entry.partition(":")[2])
+        if isinstance(found, str):
+            return found
+        owner, name = found
         if isinstance(owner, threading.local):
             # Per thread: the attribute may be unset on this one, and is read on each.
             self._watch("thread-local attribute", functools.partial(getattr, owner, name, False))
@@ -144,13 +142,7 @@ class Entry:
     def _wrap(self, owner: Any, name: str, value: object) -> None:
         """Make ``owner.name``, a callable, a window function, through its one wrapper."""
         in_class = isinstance(owner, type)
-        # On a class, the attribute as the class holds it (a staticmethod stays one), its own
-        # or the one it inherits: a subclass's override is a window entry of its own.
-        found = (
-            next((vars(k)[name] for k in owner.__mro__ if name in vars(k)), value)
-            if in_class
-            else value
-        )
+        found = as_held(owner, name, value)
         hooks = self.registry.hooks
         hook = hooks.get((id(owner), name))
         if hook is None or not hook.patches.holds(owner, name):
@@ -235,6 +227,27 @@ class Entry:
             return WindowInfo(self.entry, None, "not resolved")
         state = "open" if self.calls else "watched"
         return WindowInfo(self.entry, self.kind, state)
+
+
+def owner_of(module: ModuleType, qualname: str) -> tuple[Any, str] | str:
+    """What holds the last name of ``qualname`` in ``module``, and that name; or why nothing
+    does (``pkg.runner has no 'Runner'``)."""
+    *path, name = qualname.split(".")
+    owner: Any = module
+    for part in path:
+        owner = getattr(owner, part, _MISSING)
+        if owner is _MISSING:
+            return f"{module.__name__} has no {part!r}"
+    return owner, name
+
+
+def as_held(owner: Any, name: str, default: Any) -> Any:
+    """``owner.name`` as ``owner`` holds it: on a class, its own or inherited attribute before
+    binding (a staticmethod stays one; a subclass's override is an attribute of its own);
+    ``default`` where a class has none or ``owner`` is no class."""
+    if not isinstance(owner, type):
+        return default
+    return next((vars(k)[name] for k in owner.__mro__ if name in vars(k)), default)
 
 
 def _unwatchable(value: object, *, in_class: bool) -> str | None:
@@ -609,15 +622,9 @@ class WindowRegistry:
         """``entry``, one of ``windows``, resolved now if its module is imported, else once it
         is (never importing it)."""
         made = Entry(entry, self, windows, **how)
-        module = sys.modules.get(made.module_name)
-        if module is not None and _boot.is_initializing(module):
-            # Being imported now (its own import of torch activated cgguard, say): resolved
-            # once it has run to its end, with every name it defines.
-            _boot.when_initialized(module, made.apply)
-        elif module is not None:
-            made.apply(module)
-        else:
-            _boot.when_imported(made.module_name, made.apply)
+        # A module being imported now is resolved once it has run to its end, with every
+        # name it defines.
+        _boot.when_ready(made.module_name, made.apply)
         return made
 
     def declare(self, entries: tuple[str, ...]) -> None:

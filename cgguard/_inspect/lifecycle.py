@@ -13,10 +13,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import sys
 from typing import TYPE_CHECKING, Any
 
 from cgguard import _boot
+from cgguard._gate.windows import as_held, owner_of
 from cgguard._support.patchset import PatchSet
 from cgguard._support.warn import warn_once
 
@@ -43,15 +43,8 @@ class Lifecycle:
         for entry in entries:
             name = entry.partition(":")[0]
             hook = functools.partial(self._resolve, entry)
-            module = sys.modules.get(name)
-            if module is not None and _boot.is_initializing(module):
-                _boot.when_initialized(module, hook)
-                self.waiting.append((name, hook))
-            elif module is not None:
-                hook(module)
-            else:
-                _boot.when_imported(name, hook)
-                self.waiting.append((name, hook))
+            self.waiting.append((name, hook))  # cancel() of one no longer waiting does nothing
+            _boot.when_ready(name, hook)
 
     def undo(self) -> None:
         """Put every function back, and stop waiting for the modules not imported yet."""
@@ -62,17 +55,13 @@ class Lifecycle:
         self.wrapped.clear()
 
     def _resolve(self, entry: str, module: ModuleType) -> None:
-        # A name a release lacks is no mistake: the profiles name several releases' functions.
-        *path, name = entry.partition(":")[2].split(".")
-        owner: Any = module
-        for part in path:
-            owner = getattr(owner, part, _MISSING)
-            if owner is _MISSING:
-                return
-        if isinstance(owner, type):
-            found = next((vars(k)[name] for k in owner.__mro__ if name in vars(k)), _MISSING)
-        else:
-            found = vars(owner).get(name, _MISSING)
+        # Found as a capture window's function is. A name a release lacks is no mistake: the
+        # profiles name several releases' functions.
+        held = owner_of(module, entry.partition(":")[2])
+        if isinstance(held, str):
+            return
+        owner, name = held
+        found = as_held(owner, name, vars(owner).get(name, _MISSING))
         function = found.__func__ if isinstance(found, (staticmethod, classmethod)) else found
         if not callable(function):
             return
