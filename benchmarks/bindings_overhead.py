@@ -23,12 +23,14 @@ import argparse
 import contextlib
 import gc
 import os
-import statistics
 import sys
 import time
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+# The same pairing of interleaved rounds as inspection's benchmark, beside this one.
+from inspection_overhead import median_difference
 from torch import nn
 
 import cgguard
@@ -100,12 +102,6 @@ def per_call(action: Any, count: int) -> float:
     for _ in range(count):
         action()
     return (time.perf_counter() - start) / count
-
-
-def median_difference(pairs: list[tuple[float, float]]) -> tuple[float, float, float]:
-    diffs = sorted(b - a for a, b in pairs)
-    q = statistics.quantiles(diffs, n=4)
-    return statistics.median(diffs), q[0], q[2]
 
 
 def main() -> int:
