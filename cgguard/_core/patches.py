@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import wrapt
 
 from cgguard._core import hooks
-from cgguard._core.probes import Probes
+from cgguard._core.probes import Probes, runs_kernels
 from cgguard._core.syncs import SyncChecks
 from cgguard._core.tracker import Tracker
 from cgguard._rules.record import (
@@ -163,12 +163,7 @@ def _is_cuda(value: Any) -> bool:
     torch = sys.modules["torch"]
     if not (isinstance(value, torch.Tensor) and value.is_cuda and value.layout == torch.strided):
         return False
-    try:
-        # torch's FakeTensor says the device it stands for but keeps a meta storage
-        # (torch/_subclasses/fake_tensor.py, FakeTensor.__new__ wraps a meta elem).
-        return bool(value.untyped_storage().device.type != "meta")
-    except Exception:
-        return True  # a subclass that refuses its storage: its device says
+    return runs_kernels(value)
 
 
 def _memory_probe(cuda: ModuleType) -> Callable[[], tuple[int, int, int] | None] | None:

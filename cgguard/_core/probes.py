@@ -31,6 +31,17 @@ def _nothing(_: str) -> None:
     return None
 
 
+def runs_kernels(tensor: Any) -> bool:
+    """Whether ``tensor``, a tensor on the device it says, has memory a kernel would run on:
+    not a meta tensor, nor a fake one (torch's FakeTensor says the device it stands for and
+    keeps a meta tensor's storage: torch/_subclasses/fake_tensor.py, FakeTensor.__new__). A
+    tensor without a storage of its own (sparse) counts: its values are the device's."""
+    try:
+        return bool(tensor.untyped_storage().device.type != "meta")
+    except Exception:
+        return True
+
+
 class Device(NamedTuple):
     """What a runtime standing in for CUDA's device says where torch cannot: one whose device
     memory is the host's, say, put in place over torch's entry points (cgguard._install's

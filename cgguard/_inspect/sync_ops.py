@@ -14,6 +14,8 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from cgguard._core.probes import runs_kernels
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
@@ -147,15 +149,7 @@ def _host_scalar(value: Any, on_device: OnDevice) -> bool:
 def any_tensor(value: Any) -> bool:
     """What stands for a device tensor where a runtime standing in for CUDA's keeps device
     memory on the host: any tensor (told by duck type) but one whose storage is on meta."""
-    storage_of = getattr(value, "untyped_storage", None)
-    if storage_of is None:
-        return False
-    try:
-        # A meta storage is a meta tensor's, or a fake tensor's (torch's FakeTensor keeps a meta
-        # tensor's storage whatever device it says): neither runs a kernel on any device.
-        return bool(storage_of().device.type != "meta")
-    except Exception:
-        return True  # sparse: no storage of its own, and its values are the device's
+    return hasattr(value, "untyped_storage") and runs_kernels(value)
 
 
 def _pinned(tensor: Any) -> bool:
