@@ -61,8 +61,7 @@ def serve(plugin: KernelPlugin, x: torch.Tensor) -> None:
 
 
 def main() -> None:
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    x = torch.zeros(8, device=device)
+    x = torch.zeros(8, device="cuda")
     for name, step in (
         ("start-up capture", lambda: capture_model(x)),
         ("serving", lambda: serve(KernelPlugin(), x)),

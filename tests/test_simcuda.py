@@ -78,9 +78,16 @@ WATCHED = [
     (torch._C, "_host_emptyCache"),
     (torch._C, "_cuda_synchronize"),
     (torch.cuda, "_lazy_init"),
+    (torch.cuda.memory, "_lazy_init"),
+    (torch.cuda.random, "_lazy_init"),
     (torch.cuda, "_exchange_device"),
     (torch.cuda, "_maybe_exchange_device"),
+    (torch.cuda, "get_device_name"),
+    (torch._C, "_cuda_getDevice"),
+    (torch._C, "_cuda_setDevice"),
+    (torch._C, "_cuda_resetPeakMemoryStats"),
     (torch.cuda.graphs.graph, "default_capture_stream"),
+    (threading.Thread, "_bootstrap_inner"),
 ]
 
 
@@ -99,10 +106,11 @@ def assert_same(before: list[object], after: list[object]) -> None:
 
 @pytest.fixture(autouse=True)
 def torch_untouched() -> Iterator[None]:
-    """Fail any test that leaves torch patched."""
+    """Fail any test that leaves torch patched, or a function mode on this thread's stack."""
     before = snapshot()
     yield
     assert_same(before, snapshot())
+    assert torch._C._len_torch_function_stack() == 0
 
 
 @pytest.fixture
@@ -180,19 +188,36 @@ def failure(call: Callable[[], object]) -> tuple[type[BaseException], str]:
     return type(info.value), str(info.value)
 
 
-def test_cuda_calls_the_simulation_does_not_provide_fail_as_without_it() -> None:
-    """torch.cuda's device queries fail inside the simulation as torch fails them outside it,
-    which is what torch's own probes (inductor's cache key) catch; synchronize still runs."""
-    calls: list[Callable[[], object]] = [
-        torch.cuda.init,
-        torch.cuda.current_device,
-        lambda: torch.cuda.get_device_properties(0),
-    ]
-    without = [failure(call) for call in calls]
+def test_cuda_calls_the_simulation_does_not_provide_fail_as_without_it_naming_it() -> None:
+    """torch.cuda's device queries the simulation cannot answer fail inside it with the type
+    torch fails them with outside it, which is what torch's own probes (inductor's cache key)
+    catch, in one line that names the simulation and ends with torch's words; the ones it
+    answers (synchronize, current_device) run."""
+    calls: dict[str, Callable[[], object]] = {
+        "init": torch.cuda.init,
+        "get_device_properties": lambda: torch.cuda.get_device_properties(0),
+        "mem_get_info": torch.cuda.mem_get_info,
+        "get_device_capability": torch.cuda.get_device_capability,
+        "get_rng_state": torch.cuda.get_rng_state,  # its module binds _lazy_init by name
+        "get_per_process_memory_fraction": torch.cuda.get_per_process_memory_fraction,  # also
+    }
+    without = {name: failure(call) for name, call in calls.items()}
     with simulated_cuda() as sim:
-        within = [failure(call) for call in calls]
+        within = {name: failure(call) for name, call in calls.items()}
         torch.cuda.synchronize()
-    assert (within, sim.calls) == (without, [Call("synchronize", (), "MainThread")])
+        current = torch.cuda.current_device()
+    served = (
+        "it answers current_device(), set_device(0), get_device_name() and synchronize() for "
+        "its one device, cuda:0, and torch itself has no CUDA here"
+    )
+    expected = {
+        name: (
+            kind,
+            f"cgguard's simulated CUDA runtime cannot serve torch.cuda.{name}(): {served} ({said})",
+        )
+        for name, (kind, said) in without.items()
+    }
+    assert (within, current, sim.calls) == (expected, 0, [Call("synchronize", (), "MainThread")])
 
 
 def test_graph_context_then_replay_records_calls(sim: SimulatedCuda) -> None:

@@ -19,11 +19,13 @@ def simulated_cuda(*, force: bool = False, max_calls: int | None = None) -> Iter
     """Run torch's real CUDA-graph code over cgguard's simulated CUDA runtime (no GPU).
 
     Replaces torch.cuda's graph, stream and event entry points with stand-ins for the duration
-    and restores every one on exit. Runs on CPU-only and CUDA builds of torch; refuses where a
-    CUDA device is available unless ``force``. Composes with an installed cgguard, in either
-    order: while both are in place, the simulated device synchronize is guarded, and so are the
-    stand-ins where they do not extend torch's classes (CUDA builds). The runtime's ``calls``
-    are every call it received, or the latest ``max_calls`` of them.
+    and restores every one on exit; GPU code's requests for CUDA memory (``device="cuda"``,
+    ``.cuda()``, ``model.cuda()``) get host memory meanwhile, and torch.cuda's device calls
+    answer for one simulated device, cuda:0. Runs on CPU-only and CUDA builds of torch;
+    refuses where a CUDA device is available unless ``force``. Composes with an installed
+    cgguard, in either order: while both are in place, the simulated device synchronize is
+    guarded, and so are the stand-ins where they do not extend torch's classes (CUDA builds).
+    The runtime's ``calls`` are every call it received, or the latest ``max_calls`` of them.
     """
     # Imported here, as the composition root is in each helper: importing cgguard.testing
     # (pytest's plugin does, in every run) loads none of it.

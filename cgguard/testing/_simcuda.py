@@ -6,7 +6,6 @@ import collections
 import contextlib
 import itertools
 import os
-import sys
 import threading
 import warnings
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -794,46 +793,6 @@ def _cuda_synchronize() -> None:
     _active()._synchronize()
 
 
-def _lazy_init_for_synchronize(cuda: ModuleType) -> Callable[[], None]:
-    """torch.cuda._lazy_init, with CUDA initialised for torch.cuda.synchronize alone.
-
-    torch's synchronize (torch/cuda/__init__.py) calls _lazy_init() before the device
-    synchronize the simulation stands in for. torch.cuda's other callers of _lazy_init
-    (current_device, get_device_properties, init, the memory and random functions) go on to
-    torch._C functions the simulation does not provide. For them torch's own _lazy_init runs
-    and fails as it fails without the simulation: an AssertionError ("Torch not compiled with
-    CUDA enabled") on a CPU-only build, a RuntimeError where no driver works. That is what
-    torch's own probes of CUDA catch: inductor's CacheBase.get_system
-    (torch/_inductor/codecache.py) calls torch.cuda.current_device() for the cache key of every
-    compile, and takes the key of a machine without CUDA on either error.
-    """
-    torch_lazy_init = cuda._lazy_init
-    namespace = vars(cuda)
-
-    def _lazy_init() -> None:
-        # Told apart by name and module rather than by function object, so that a synchronize
-        # bound by name or wrapped before the simulation began is still torch's synchronize.
-        caller = sys._getframe(1)
-        if caller.f_code.co_name != "synchronize" or caller.f_globals is not namespace:
-            torch_lazy_init()
-
-    return _lazy_init
-
-
-# One simulated device: torch.cuda.device(...) switches nothing. Two functions, not one under
-# two names: dynamo keeps a handler per function object for each of torch.cuda's device switches
-# (torch/_dynamo/variables/torch.py, TorchInGraphFunctionVariable._get_handlers), and refuses to
-# build that table, failing every compile that meets a torch function, if two are one object.
-
-
-def _no_device_switch(device: object) -> int:
-    return -1
-
-
-def _no_maybe_device_switch(device: object) -> int:
-    return -1
-
-
 def _is_current_stream_capturing() -> bool:
     return _active()._is_capturing()
 
@@ -848,6 +807,10 @@ def _host_empty_cache() -> None:
 
 def _install(torch: ModuleType) -> PatchSet:
     """Put the stand-ins in place; return the patches that put every replaced attribute back."""
+    # Imported here: importing cgguard.testing (pytest's plugin does, in every run) loads only
+    # what it needs to name the simulation.
+    from cgguard.testing._simdevice import answer_device_calls
+
     patches = PatchSet()
     put = patches.replace
     # A failure half-way must not leave torch half patched.
@@ -866,12 +829,11 @@ def _install(torch: ModuleType) -> PatchSet:
         put(cuda, "set_stream", _set_stream)
         put(cuda, "stream", _stream)
         # torch's own synchronize() runs: it initialises CUDA, enters torch.cuda.device(None)
-        # and calls torch._C._cuda_synchronize, which CPU builds lack. Only synchronize finds
-        # CUDA initialised: anything else would take CUDA paths the simulation does not have.
+        # and calls torch._C._cuda_synchronize, which CPU builds lack. Only synchronize and
+        # current_device find CUDA initialised: anything else would take CUDA paths the
+        # simulation does not have (cgguard.testing._simdevice).
         put(torch._C, "_cuda_synchronize", _cuda_synchronize)
-        put(cuda, "_lazy_init", _lazy_init_for_synchronize(cuda))
-        put(cuda, "_exchange_device", _no_device_switch)
-        put(cuda, "_maybe_exchange_device", _no_maybe_device_switch)
+        answer_device_calls(torch, patches, invalid_device=_cuda_error)
         put(torch._C, "_host_emptyCache", _host_empty_cache)
         # torch.cuda.graph caches its side stream on the class; a stream from another runtime
         # (or an ended session) must not be used for captures here.
@@ -906,7 +868,8 @@ def simulated_runtime(
     """Run torch's CUDA-graph code over cgguard's simulated CUDA runtime (no GPU).
 
     Replaces torch.cuda's graph, stream and event entry points with stand-ins for the duration
-    and restores every one on exit. Refuses where real CUDA is available unless ``force``.
+    and restores every one on exit; while it lasts, requests for CUDA memory get host memory
+    (cgguard.testing._simdevice). Refuses where real CUDA is available unless ``force``.
     ``unhook`` runs before each swap and ``rehook`` after it (both under the activation lock):
     cgguard's hooks come off what is about to be replaced and go on what replaced it.
     ``max_calls``: the latest calls its record keeps, every call where None.
@@ -916,9 +879,11 @@ def simulated_runtime(
     - on every build: ``torch.cuda.graph`` (``__init__``, ``__enter__``, ``__exit__``),
       ``torch.cuda.synchronize`` and ``torch.cuda.empty_cache``, over simulated
       ``torch._C._cuda_synchronize``, ``torch._C._host_emptyCache``, device switches and
-      ``torch.cuda._lazy_init``, which succeeds for ``synchronize`` alone: torch.cuda's other
-      functions (``current_device``, ``get_device_properties``, ...) fail as they fail without
-      the simulation, so torch's subsystems (inductor, dynamo) take their CPU paths;
+      ``torch.cuda._lazy_init``, which succeeds for ``synchronize`` and ``current_device``
+      alone: torch.cuda's other functions (``get_device_properties``, ``mem_get_info``, ...)
+      fail with the type they fail with without the simulation, so torch's subsystems
+      (inductor, dynamo) take their CPU paths; ``current_device`` and ``set_device`` over a
+      simulated ``torch._C._cuda_getDevice`` and ``_cuda_setDevice`` (device 0 alone);
     - on a CPU-only build, also the Python methods of ``CUDAGraph``, ``Stream`` and ``Event``:
       the stand-ins extend torch's classes, whose C bases are empty placeholders there;
     - on a CUDA build, not those methods: torch's classes extend C types that need a working
@@ -939,6 +904,8 @@ def simulated_runtime(
         )
     import torch
 
+    from cgguard.testing._simdevice import serve_requests, stop_serving
+
     with _ACTIVATION_LOCK:
         if _ACTIVE is not None:
             raise SimulationError("simulated_cuda() is already active" + _SUFFIX)
@@ -952,6 +919,11 @@ def simulated_runtime(
         device = None
         try:
             patches = _install(torch)
+            try:
+                serve_requests()
+            except BaseException:
+                patches.restore()
+                raise
             device = sim.device()
         finally:
             rehook(device)
@@ -963,6 +935,9 @@ def simulated_runtime(
             _ACTIVE = None
             unhook()
             try:
-                patches.restore()
+                stop_serving()
             finally:
-                rehook(None)
+                try:
+                    patches.restore()
+                finally:
+                    rehook(None)
