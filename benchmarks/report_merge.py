@@ -1,5 +1,5 @@
 """Cost of ``cgguard report`` on a large report, in one run: time and peak memory against the
-file's size.
+file's size; and what it writes for a job of many processes.
 
 Writes one report of N distinct sites (each a full violation event with a two-frame stack and
 a two-frame cause, as cgguard writes them), then runs ``cgguard report`` on it in a fresh
@@ -9,7 +9,12 @@ the CPU time (user and system, which a busy machine does not inflate as it does 
 as a multiple of the report's size: both staying put from N/10 to N shows the cost linear.
 Targets: at most 15 s of CPU per 100 MB, and a peak of at most 4 times the report's size.
 
-    python benchmarks/report_merge.py [--sites N] [--format text|json|markdown ...]
+Then a job: R reports, one per process, each hitting one site shared by all, merged in each
+format: the CPU time, and the lines and bytes written (a view for a person names the top
+processes, so its lines stay put as R grows; the JSON view lists every process).
+
+    python benchmarks/report_merge.py [--sites N] [--reports R]
+                                      [--format text|json|markdown|html ...]
 """
 
 from __future__ import annotations
@@ -73,12 +78,36 @@ def report(sites: int) -> dict[str, object]:
     }
 
 
-def measure(path: str, fmt: str) -> tuple[float, float, float, int]:
-    """(wall seconds, CPU seconds, peak resident MB, exit status) of ``cgguard report``."""
+def job(folder: str, reports: int) -> None:
+    """``reports`` reports in ``folder``, one per rank of a job, each with one violation site
+    that every rank shares (rank r hits it 1 + r % 3 times), as the ranks' cgguard writes them."""
+    one = report(1)
+    first = one["violations"][0]["first"]  # type: ignore[index]
+    for rank in range(reports):
+        pid = 10_000 + rank
+        count = 1 + rank % 3
+        event = {**first, "pid": pid, "rank": rank}
+        document = {
+            **one,
+            "host": f"node-{rank // 8}",
+            "pid": pid,
+            "rank": rank,
+            "local_rank": rank % 8,
+            "world_size": reports,
+            "totals": {"capture_disabled": count},
+            "violations": [{"rule": "capture_disabled", "count": count, "first": event}],
+        }
+        with open(os.path.join(folder, f"r-{pid}.json"), "w") as file:
+            json.dump(document, file)
+
+
+def measure(path: str, fmt: str, output: str = os.devnull) -> tuple[float, float, float, int]:
+    """(wall seconds, CPU seconds, peak resident MB, exit status) of ``cgguard report``, its
+    standard output written to ``output``."""
     command = [sys.executable, "-m", "cgguard", "report", "--format", fmt, path]
     start = time.perf_counter()
-    with open(os.devnull, "w") as devnull:
-        child = subprocess.Popen(command, stdout=devnull)
+    with open(output, "w") as out:
+        child = subprocess.Popen(command, stdout=out)
         # wait4: the child's own usage, not the largest of every child this process waited for.
         _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - start
@@ -90,10 +119,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sites", type=int, default=100_000, help="sites in the large report")
     parser.add_argument(
+        "--reports", type=int, default=3_000, help="processes in the job (0: no job measured)"
+    )
+    parser.add_argument(
         "--format",
         nargs="+",
-        default=["text", "json", "markdown"],
-        choices=["text", "json", "markdown"],
+        default=["text", "json", "markdown", "html"],
+        choices=["text", "json", "markdown", "html"],
     )
     args = parser.parse_args()
     failed = False
@@ -119,6 +151,23 @@ def main() -> int:
                     f"  {fmt:8} CPU {cpu:6.2f} s ({per_100mb:5.2f} s per 100 MB; wall {wall:.2f} s)"
                     f", peak {peak_mb:5.0f} MB ({ratio:4.2f}x the report beyond the base)"
                     + ("  MISSED" if missed else "")
+                )
+        if args.reports:
+            reports = os.path.join(folder, "job")
+            os.mkdir(reports)
+            job(reports, args.reports)
+            print(f"a job of {args.reports} reports, one site shared by all:")
+            for fmt in args.format:
+                written = os.path.join(folder, f"view.{fmt}")
+                wall, cpu, peak_mb, status = measure(reports, fmt, written)
+                with open(written, "rb") as file:
+                    data = file.read()
+                lines = data.count(b"\n")
+                failed |= status != 1
+                print(
+                    f"  {fmt:8} CPU {cpu:6.2f} s (wall {wall:.2f} s), peak {peak_mb:5.0f} MB, "
+                    f"{lines:6} lines, {len(data) / 1e3:8.1f} kB written"
+                    + ("" if status == 1 else f"  MISSED (status {status})")
                 )
     return 1 if failed else 0
 

@@ -45,6 +45,14 @@ CHECK_ENVIRONMENT = "cgguard._config.settings:activation_says_on"
 # keeps, here rather than on the installation, so that an idle activation loads nothing more.
 activated_by: "str | None" = None
 
+# What else has switched cgguard on in this process ("install"), or speaks for the process
+# itself ("pytest", whose plugin reads its options after conftest files may import torch, and
+# says so in its summary). While none has and nothing activated, set CGGUARD_* variables are
+# said to go unheeded at torch's import: a misspelt CGGUARD_ENABLED would otherwise leave the
+# program unguarded in silence.
+switchers: "set[str]" = set()
+SAY_IF_OFF = "cgguard._config.settings:say_if_off"
+
 
 def activate(origin: str, *, default: bool = False) -> bool:
     """Activate cgguard in this process if the environment asks for it; never raises.
@@ -77,6 +85,16 @@ def activate(origin: str, *, default: bool = False) -> bool:
 
         warn_once("activate", f"could not activate, captures are not guarded: {exc!r}")
         return False
+
+
+def watch_switch() -> None:
+    """Say once, when torch is imported, if CGGUARD_* variables are set and nothing has switched
+    cgguard on. The ``cgguard.pth`` line calls it where CGGUARD_ENABLED is unset or empty and
+    another CGGUARD_* variable is set; never raises."""
+    try:
+        when_imported("torch", SAY_IF_OFF)
+    except Exception as exc:
+        _warn("watch", f"could not watch the on-switch: {exc!r}")
 
 
 # The post-import hook. The registries are read by whichever thread imports a watched module,

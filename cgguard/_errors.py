@@ -94,3 +94,27 @@ class RngDuringCaptureError(CaptureViolation):
     """The CUDA random-number generator was seeded or its state read or set during a capture."""
 
     rule = "rng_during_capture"
+
+
+class FirstUseInCaptureError(CaptureViolation):
+    """A communication resource was first used inside a capture: a process group that had run
+    no collective outside one, or a symmetric-memory rendezvous or allocation."""
+
+    rule = "first_use_in_capture"
+
+
+class RankDivergenceError(CaptureViolation):
+    """The ranks of a job captured differently: other graphs, keys or collectives, or a rank
+    that did not reach the check (cgguard.check_ranks())."""
+
+    rule = "rank_divergence"
+
+
+# Shown, pickled and documented by the name users import them by: a traceback's last line reads
+# ``cgguard.NestedCaptureError``, and pickle finds each class again through ``cgguard``'s own
+# attribute (its lazy __getattr__), so that a violation crosses process boundaries. Every
+# exception class here is public, re-exported by ``cgguard``.
+for _public in [v for v in list(globals().values()) if isinstance(v, type)]:
+    if issubclass(_public, CgguardError):
+        _public.__module__ = "cgguard"
+del _public

@@ -4,15 +4,17 @@ on torch now or when torch is imported, and what it is doing."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import sys
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cgguard import _boot, _process
 from cgguard._config import settings as _settings
 from cgguard._config.config import Config
 from cgguard._core.installation import Installation
 from cgguard._data.ledger import Run
+from cgguard._data.manifest import has_identity
 from cgguard._errors import ConfigError
 from cgguard._gate.profiles import exemptions as profile_exemptions
 from cgguard._reporting.log import EventLog
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 
     from cgguard._core.probes import Device
     from cgguard._core.watcher import Watcher
+    from cgguard._data.rank_compare import RankDifference
     from cgguard._data.schema import CensusReport
     from cgguard._gate.profiles import ProfileInfo
     from cgguard._gate.windows import WindowInfo
@@ -82,6 +85,8 @@ def install(config: Config | None = None) -> None:
         raise ConfigError(
             f"install(config={config!r}): accepted values are None or a cgguard.Config"
         )
+    # Switched on by the program itself: set CGGUARD_* variables are not left unheeded.
+    _boot.switchers.add("install")
     process = _process.PROCESS
     with process.lock:
         installation = process.installation
@@ -90,6 +95,7 @@ def install(config: Config | None = None) -> None:
         installation, replaced = _configure(
             process, installation, config if config is not None else Config()
         )
+        process.excepthooks.install()  # an uncaught violation's traceback ends at the user's line
         # Patched already, or to be once torch is imported: nothing more to do now.
         done = bool(installation.patches)
         if not done and "torch" not in sys.modules:
@@ -120,6 +126,8 @@ def uninstall() -> None:
         if installation is None:
             return
         process.installation = None
+        process.excepthooks.uninstall()
+        _check_ranks_after_windows(process, None)
         tracker = installation.tracker
         if tracker is not None:
             # A hook someone still holds a reference to (a bound capture_begin, say) lets
@@ -300,6 +308,7 @@ def _configure(
     else:
         process.prometheus.unwant()
     installation.set_watchers(_watchers(process, config, installation))
+    _check_ranks_after_windows(process, installation if config.rank_check else None)
     if config.census:
         process.skips.start(installation)
     else:
@@ -319,7 +328,67 @@ def _watchers(
         from cgguard._inspect.inspector import Inspector
 
         watchers.append(Inspector(installation, process.inspections, config.inspect_first))
+    if config.manifest and has_identity(distributed=_distributed()):
+        # Last: a capture's inputs, which key it in the manifest, are noted by then.
+        from cgguard._ranks.watcher import RankManifest
+
+        keyed: Callable[[Any], str | None] | None = None
+        if config.inspect:
+            from cgguard._inspect.inspector import inputs_key as keyed
+        watchers.append(RankManifest(installation, installation.run.manifest, keyed))
     return tuple(watchers)
+
+
+# How long the check made as a capture window closes (CGGUARD_RANK_CHECK) waits for the other
+# ranks: long enough for a rank still capturing its last graphs, short of a job's own timeouts
+# (torch.distributed's default is 10 minutes).
+RANK_CHECK_TIMEOUT = 120.0
+
+
+def _check_ranks_after_windows(
+    process: _process.Process, installation: Installation | None
+) -> None:
+    """Compare the ranks each time a capture window closes, for ``installation`` (None: not)."""
+    from cgguard._ranks.check import after_window
+
+    closing = process.gate.windows.closing
+    closing[:] = [c for c in closing if getattr(c, "func", None) is not after_window]
+    if installation is not None:
+        closing.append(functools.partial(after_window, installation, RANK_CHECK_TIMEOUT))
+
+
+def check_ranks(timeout: float = 60.0) -> list[RankDifference]:
+    """Compare this rank's capture manifest with every other rank's of the job, now: each rank
+    puts its manifest in torch.distributed's store (no collective) and waits up to ``timeout``
+    seconds for the others'. Call it on every rank.
+
+    Returns what differs, the same list on every rank that arrived: each a ``RankDifference``
+    (``kind``, ``ranks``: the differing side or those that did not arrive, ``others``,
+    ``detail``, ``capture``); empty when the ranks agree. What differs is reported as one
+    ``rank_divergence`` event, raised where that rule's action is raise. Without
+    torch.distributed's default group, or without a manifest, one warning line and an empty
+    list (docs/ranks.md).
+    """
+    from cgguard._ranks.check import check_ranks as check
+    from cgguard._ranks.check import checked_timeout
+
+    checked_timeout(timeout)
+    process = _process.PROCESS
+    with process.lock:
+        installation = process.installation
+    if installation is None:
+        warn_once("ranks:installed", "check_ranks: cgguard is not installed: nothing to compare")
+        return []
+    return check(installation, timeout)
+
+
+def _distributed() -> bool:
+    """Whether torch.distributed has a default group in this process (never imports it)."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return bool(dist is not None and dist.is_available() and dist.is_initialized())
+    except Exception:
+        return False
 
 
 def _census_watcher(
@@ -339,19 +408,30 @@ def _census_watcher(
         if report is not None:
             report.changed(new_site=False)
 
+    prepare: Callable[[], None] | None = None
+    if config.inspect:
+        from cgguard._inspect import mode
+
+        prepare = mode.prepare
+    metrics = config.metrics is not None
     return CensusWatcher(
         installation.run.census,
         replays=config.census_replays,
         memory=memory,
         # Without a report, nothing to tell: a call less per capture.
         changed=changed if config.report is not None else None,
-        counted=process.prometheus.captured if config.metrics is not None else None,
+        counted=process.prometheus.captured if metrics else None,
+        replayed=process.prometheus.replayed if metrics and config.census_replays else None,
+        # Inspection's one-time set-up, done before the first capture's clock starts.
+        prepare=prepare,
     )
 
 
 def _reporter(process: _process.Process, config: Config, run: Run) -> Reporter:
     """How ``config`` answers violations, counting into ``run``."""
-    log = EventLog(config.log_format, config.log_file, target=config.target())
+    log = EventLog(
+        config.log_format, config.log_file, target=config.target(), level=config.log_level
+    )
     pairs = _exemptions_of(config)
     return Reporter(
         config,

@@ -28,6 +28,7 @@ from cgguard._gate.gate import Gate
 from cgguard._inspect.inspections import Inspections
 from cgguard._reporting import events
 from cgguard._reporting.metrics import Prometheus
+from cgguard._reporting.tracebacks import ExceptHooks
 from cgguard._support import warn
 from cgguard._support.warn import warn_once
 
@@ -57,6 +58,7 @@ class Process:
         self.inspections = Inspections(self.listeners)  # the inspected captures under way
         self.skips = CompileSkips()  # torch.compile's skipped cudagraphs, while counted
         self.prometheus = Prometheus()  # the metrics, where asked for
+        self.excepthooks = ExceptHooks()  # uncaught violations shown trimmed, while installed
         # A runtime standing in for CUDA's, in place over torch: what the probes ask it.
         self.device: Device | None = None
 

@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from cgguard import _boot
+from cgguard._errors import CaptureViolation
+
 # Registered by being in the plugin's namespace, as fixtures defined here are.
 from cgguard.testing.fixtures import simulated_cuda_runtime  # noqa: F401
 
@@ -39,6 +42,12 @@ _HINT = (
 )
 _PHASES = {"setup": "setup", "call": "the test", "teardown": "teardown"}
 
+# The session decides whether cgguard is on once it has read its options (pytest_configure),
+# after conftest files may have imported torch, whose import is captured output: set CGGUARD_*
+# variables that went unheeded are said in the terminal summary instead (_unheeded).
+_boot.switchers.add("pytest")
+_unheeded: list[str] = []
+
 
 class InstallationChangedWarning(pytest.PytestWarning):
     """A test uninstalled or reconfigured the session's cgguard; the plugin put it back."""
@@ -52,9 +61,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="guard every CUDA-graph capture; a test during which a violation occurs fails",
     )
     group.addoption(
+        "--no-cgguard",
+        action="store_true",
+        help="switch the guard off, whatever --cgguard or the ini file say, and inspection "
+        "with it; the simulated CUDA runtime stays where asked for",
+    )
+    group.addoption(
         "--cgguard-simulate-cuda",
         action="store_true",
-        help="run the session on cgguard's simulated CUDA runtime (where no CUDA device is usable)",
+        help="with --cgguard, run the session on cgguard's simulated CUDA runtime (where no CUDA "
+        "device is usable); with --no-cgguard, the simulation alone",
     )
     group.addoption(
         "--cgguard-inspect",
@@ -77,11 +93,18 @@ def pytest_configure(config: pytest.Config) -> None:
         "cgguard_expect(*rules): the test expects cgguard violations of these rules; it fails "
         "if one of them does not occur (--cgguard only)",
     )
-    guard = _flag(config, "cgguard")
+    # Each one read whatever wins, so that a bad ini value is said whichever options are given.
+    off = bool(config.getoption("no_cgguard"))
+    guard = _flag(config, "cgguard") and not off
     simulate = _flag(config, "cgguard_simulate_cuda")
-    inspect = _flag(config, "cgguard_inspect")
-    if inspect and not guard:
-        raise pytest.UsageError("--cgguard-inspect (or cgguard_inspect) needs --cgguard")
+    inspect = _flag(config, "cgguard_inspect") and not off
+    if not guard and any(name.startswith("CGGUARD_") for name in os.environ):
+        from cgguard._config.settings import unheeded
+
+        line = unheeded("(pytest ran without --cgguard)")
+        _unheeded[:] = [] if line is None else [line]
+    if not (guard or off):
+        _refuse_without_the_switch(simulate=simulate, inspect=inspect)
     if not (guard or simulate):
         return
     cleanup = contextlib.ExitStack()
@@ -112,6 +135,76 @@ def pytest_configure(config: pytest.Config) -> None:
     cleanup.enter_context(_stacks_start_at_the_test())
 
 
+def _refuse_without_the_switch(*, simulate: bool, inspect: bool) -> None:
+    """The options that only say how to guard, given without saying whether: a usage error.
+
+    --cgguard (or ``cgguard = true``) is the one switch that turns the guard on, as --cov is
+    pytest-cov's and CGGUARD_ENABLED the environment's; the others never turn it on by
+    themselves, and are not ignored either: a session believed guarded that is not passes
+    whatever its captures do.
+    """
+    given = [
+        option
+        for option, asked in (
+            ("--cgguard-simulate-cuda (or cgguard_simulate_cuda)", simulate),
+            ("--cgguard-inspect (or cgguard_inspect)", inspect),
+        )
+        if asked
+    ]
+    if given:
+        verb = "needs" if len(given) == 1 else "need"
+        raise pytest.UsageError(
+            f"{' and '.join(given)} {verb} --cgguard (or cgguard = true) to guard the session, "
+            "or --no-cgguard to run it unguarded"
+        )
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    # Said where the session runs, since --no-cgguard overrides what the ini file asks for.
+    if not config.getoption("no_cgguard"):
+        return []
+    simulated = _flag(config, "cgguard_simulate_cuda")
+    return [
+        "cgguard: the guard is off (--no-cgguard)"
+        + ("; the session runs on the simulated CUDA runtime" if simulated else "")
+    ]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for line in _unheeded:
+        terminalreporter.write_line(f"cgguard: {line}", yellow=True)
+
+
+# In every session, --cgguard or not: a test may install cgguard itself. An old-style wrapper,
+# as _Guard's below; its part before the yield runs before pytest builds the report.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, None, None]:
+    """A failure by a violation shows its traceback ending at the test's line.
+
+    cgguard's modules hide their own frames from pytest (``__tracebackhide__``), but not the
+    torch frames around them (a dispatch mode's wrappers): the frames after the user's last
+    one are left out of the report, as sys.excepthook leaves them out of an uncaught one.
+    ``--full-trace`` shows every frame; ``--pdb`` gets the whole traceback either way.
+    """
+    excinfo = call.excinfo
+    if excinfo is None or item.config.getoption("fulltrace", False):
+        yield
+        return
+    from cgguard._reporting.tracebacks import shown_trimmed, trimmed
+
+    value = excinfo.value
+    if isinstance(value, CaptureViolation):
+        short = trimmed(excinfo.tb)
+        if short is not None and short is not excinfo.tb:
+            # A Traceback of its own entries: the native style (--tb=native) follows the raw
+            # chain from the first of them, so that must end at the user's line too.
+            excinfo.traceback = type(excinfo.traceback)(short)
+    with shown_trimmed(value):  # violations chained to the failure
+        yield
+
+
 @pytest.fixture
 def cgguard_violations(request: pytest.FixtureRequest) -> list[Event]:
     """This test's violations, as full events; the test asserts on them, cgguard does not fail it.
@@ -121,6 +214,8 @@ def cgguard_violations(request: pytest.FixtureRequest) -> list[Event]:
     plugin = request.config.pluginmanager.get_plugin(_PLUGIN_NAME)
     test: _Test | None = request.node.stash.get(_TEST, None)
     if not isinstance(plugin, _Guard) or test is None:
+        if request.config.getoption("no_cgguard"):
+            pytest.skip("cgguard is switched off by --no-cgguard")
         pytest.skip("cgguard is not active: run pytest with --cgguard")
     test.handled = True
     return test.events
@@ -141,6 +236,9 @@ class _Test:
         self.simulated: frozenset[int] = frozenset()
         self.settled = False  # its captures and the installation checked once its teardown ran
         self.left_open: str | None = None  # the captures it left open, described
+        # The violations its reports show, each with its stacks or as the exception that failed
+        # it: the console log's copy of them comes out of its captured stderr.
+        self.shown: list[Event] = []
         self.changed: str | None = None  # how it changed the session's installation
 
 
@@ -285,17 +383,20 @@ class _Guard:
                 problems.append(test.left_open)
             if test.changed is not None and not settled:
                 problems.append(test.changed)  # never warned of: its teardown failed first
+        raised = _raised(call)
+        test.shown += raised  # by the failure's own E lines
         if test.handled:
             _judge(report, problems)
+            _drop_logged(report, test.shown)
             return
         with self._lock:
             new = test.events[test.reported :]
             test.reported = len(test.events)
         if report.skipped:  # skipped or xfailed: the outcome says the test was not judged
             return
-        problems += _describe_unexpected(
-            [e for e in new if e.get("rule") not in test.expected], call.when
-        )
+        unexpected = [e for e in new if e.get("rule") not in test.expected]
+        test.shown += unexpected
+        problems += _describe_unexpected(unexpected, call.when, raised)
         if call.when == "call":
             occurred = {e.get("rule") for e in test.events}
             missing = sorted(test.expected - occurred)
@@ -306,6 +407,7 @@ class _Guard:
                     "(@pytest.mark.cgguard_expect)"
                 )
         _judge(report, problems)
+        _drop_logged(report, test.shown)
 
 
 def _judge(report: pytest.TestReport, problems: list[str]) -> None:
@@ -410,8 +512,23 @@ def _changes(session: Config, now: Config) -> str:
     )
 
 
-def _describe_unexpected(events: list[Event], when: str) -> list[str]:
-    """The report of violations nobody expected, one block per distinct violation."""
+def _raised(call: pytest.CallInfo[None]) -> list[Event]:
+    """The events of the violations a phase failed with: the exception, raised and not caught,
+    and those chained to it, which pytest shows too."""
+    if call.excinfo is None:
+        return []
+    from cgguard._reporting.tracebacks import violations
+
+    return [dict(violation.event) for violation in violations(call.excinfo.value)]
+
+
+def _describe_unexpected(events: list[Event], when: str, raised: list[Event]) -> list[str]:
+    """The report of violations nobody expected, one block per distinct violation.
+
+    Those ``raised`` (the exception the phase failed with, and those chained to it) have their
+    message on pytest's own E lines already: their blocks show their stacks alone, so that
+    each violation is shown once.
+    """
     from cgguard._support.text import shown
 
     if not events:
@@ -429,16 +546,64 @@ def _describe_unexpected(events: list[Event], when: str) -> list[str]:
         blocks = [f"cgguard: {rules} violation during {phase}"]
     else:
         blocks = [f"cgguard: {len(events)} violations ({rules}) during {phase}"]
-    for event, count in distinct.values():
+    said = {(event.get("rule"), event.get("message")) for event in raised}
+    for key, (event, count) in distinct.items():
         repeated = f", {count} times" if count > 1 else ""
+        # File and function names in the message come from the program: shown safe, as the
+        # stacks below are.
+        message = "the exception above" if key in said else shown(event.get("message"))
         blocks.append(
-            f"{event.get('rule')} ({event.get('action')}{repeated}): "
-            # File and function names in the message come from the program: shown safe, as
-            # the stacks below are.
-            f"{shown(event.get('message'))}\n" + _stacks(event)
+            f"{event.get('rule')} ({event.get('action')}{repeated}): {message}\n" + _stacks(event)
         )
     blocks.append(_HINT)
     return ["\n\n".join(blocks)]
+
+
+def _drop_logged(report: pytest.TestReport, events: list[Event]) -> None:
+    """Take the console log's line of each of ``events`` out of the report's captured stderr.
+
+    The log writes each violation as one JSON line to stderr, which pytest captures: shown
+    beside the report that already shows the violation, it would be the same thing a third
+    time. A log in the console format, or to a file or to logging, is left as it is.
+    """
+    if not events:
+        return
+    keys = {_logged_as(event) for event in events}
+    sections = []
+    for title, written in report.sections:
+        content = written
+        if title.startswith("Captured stderr") and _VIOLATION in written:
+            kept = [line for line in written.splitlines(True) if _line_key(line) not in keys]
+            content = "".join(kept)
+            if not content.strip():
+                continue  # nothing else was written: no empty section
+        sections.append((title, content))
+    report.sections[:] = sections
+
+
+_VIOLATION = '"cgguard.capture_violation"'
+
+
+def _logged_as(event: Event) -> tuple[object, ...]:
+    """What tells the log line of a violation from another's: its first at a site, or a repeat
+    said briefly (at 2, 4, 8, ... times), which has the rule, the count and the thread too."""
+    keys = ("rule", "action", "api", "count", "thread_id", "pid")
+    return tuple(event.get(key) for key in keys)
+
+
+def _line_key(line: str) -> tuple[object, ...] | None:
+    """_logged_as() of the violation a line of stderr logs; None for any other line."""
+    if _VIOLATION not in line or not line.startswith("{"):
+        return None
+    import json
+
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(event, dict) or event.get("event") != "cgguard.capture_violation":
+        return None
+    return _logged_as(event)
 
 
 def _stacks(event: Event) -> str:
@@ -486,8 +651,19 @@ def _unknown_rules(expected: frozenset[str]) -> list[str]:
 
 
 def _flag(config: pytest.Config, name: str) -> bool:
-    """An option given on the command line, or set in the ini file."""
-    return bool(config.getoption(name) or config.getini(name))
+    """An option given on the command line, or set in the ini file.
+
+    A bad value in the ini file is one line naming the option: pytest's own says only
+    "invalid truth value".
+    """
+    try:
+        in_ini = config.getini(name)
+    except (ValueError, TypeError, pytest.UsageError) as exc:
+        raise pytest.UsageError(
+            f"ini option {name}: {exc}; accepted values are true or false (as text also "
+            "yes/no, on/off, 1/0)"
+        ) from None
+    return bool(config.getoption(name) or in_ini)
 
 
 def _already_active() -> bool:

@@ -98,6 +98,7 @@ DEFAULT_CONFIGURATION = [
     "  log_format     json, or console when stderr is a terminal (default)",
     "  log_file       none         (default)",
     "  log_target     stderr       (default)",
+    "  log_level      debug        (default)",
     "  report         none         (default)",
     "  capture        as it is (enabled at start) (default)",
     "  simulate_cuda  False        (default)",
@@ -114,6 +115,8 @@ DEFAULT_CONFIGURATION = [
     "  census         True         (default)",
     "  census_replays False        (default)",
     "  metrics        none         (default)",
+    "  manifest       True         (default)",
+    "  rank_check     False        (default)",
     "  rule           capture_disabled: raise (default)",
     "  rule           nested_capture: raise (default)",
     "  rule           concurrent_capture: log (default)",
@@ -123,6 +126,8 @@ DEFAULT_CONFIGURATION = [
     "  rule           dead_input: raise (default)",
     "  rule           stale_binding: raise (default)",
     "  rule           rng_during_capture: raise (default)",
+    "  rule           first_use_in_capture: log (default)",
+    "  rule           rank_divergence: log (default)",
 ]
 
 

@@ -103,9 +103,10 @@ def test_unknown_variables_warn_at_start_with_the_closest_name() -> None:
         "did you mean CGGUARD_RULE_NESTED_CAPTURE?\n"
         "cgguard: ignoring CGGUARD_XYZZY: no such variable; the variables are CGGUARD_ENABLED, "
         "CGGUARD_MODE, CGGUARD_LOG_FORMAT, CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, "
-        "CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, "
-        "CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, CGGUARD_PROFILES, CGGUARD_INSPECT, "
-        "CGGUARD_INSPECT_FIRST, CGGUARD_CENSUS, CGGUARD_CENSUS_REPLAYS, CGGUARD_METRICS, "
+        "CGGUARD_LOG_LEVEL, CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, "
+        "CGGUARD_VLLM_BRIDGE, CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, "
+        "CGGUARD_PROFILES, CGGUARD_INSPECT, CGGUARD_INSPECT_FIRST, CGGUARD_CENSUS, "
+        "CGGUARD_CENSUS_REPLAYS, CGGUARD_METRICS, CGGUARD_MANIFEST, CGGUARD_RANK_CHECK, "
         "CGGUARD_RULE_<RULE>\n",
     )
     assert expected == (done.returncode, done.stdout, done.stderr)
@@ -356,3 +357,117 @@ def test_the_pth_skips_exactly_the_values_the_settings_read_as_off() -> None:
     words = {ast.literal_eval(item) for item in skipped.elts}
     spellings = {"", "0", "1", "false", "true", "no", "yes", "off", "on", "maybe"}
     assert words == {w for w in spellings if w == "" or parse_bool(w) is False}
+
+
+@pytest.mark.subprocess
+def test_a_misspelt_on_switch_is_one_line_when_torch_is_imported() -> None:
+    """CGGUARD_ENABLE=1 (no D) leaves cgguard off; torch's import says so, naming the variable
+    meant, and the program runs on."""
+    done = python("import torch; print('ran')", clean_environ(CGGUARD_ENABLE="1"))
+    expected = (
+        "cgguard: CGGUARD_ENABLE (no such variable; did you mean CGGUARD_ENABLED?) is set, and "
+        "nothing switched cgguard on before torch was imported: captures are not guarded\n"
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "ran\n", expected)
+
+
+@pytest.mark.subprocess
+def test_settings_without_an_on_switch_are_one_line_naming_the_switch() -> None:
+    """Known variables set, nothing switching cgguard on: one line names them and
+    CGGUARD_ENABLED."""
+    env = clean_environ(CGGUARD_MODE="log", CGGUARD_RULE_NESTEDCAPTURE="raise")
+    done = python("import torch; print('ran')", env)
+    expected = (
+        "cgguard: CGGUARD_RULE_NESTEDCAPTURE (no such rule; did you mean "
+        "CGGUARD_RULE_NESTED_CAPTURE?) is set, and nothing switched cgguard on before torch was "
+        "imported: captures are not guarded\n"
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "ran\n", expected)
+    done = python("import torch", clean_environ(CGGUARD_MODE="log", CGGUARD_INSPECT="1"))
+    expected = (
+        "cgguard: CGGUARD_INSPECT, CGGUARD_MODE are set, but nothing switched cgguard on before "
+        "torch was imported (CGGUARD_ENABLED=1 does): captures are not guarded\n"
+    )
+    assert (done.returncode, done.stderr) == (0, expected)
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize(
+    ("code", "changes"),
+    [
+        # Nothing imports torch: nothing to guard, nothing said.
+        ("print('ran')", {"CGGUARD_ENABLE": "1"}),
+        # The program switches cgguard on itself, before torch.
+        ("import cgguard; cgguard.install(); import torch; print('ran')", {"CGGUARD_MODE": "log"}),
+        # Off, said so: the choice is made.
+        ("import torch; print('ran')", {"CGGUARD_ENABLED": "0", "CGGUARD_MODE": "log"}),
+        # On, with a misspelt setting: the settings' own warning, once.
+        ("import torch; print('ran')", {"CGGUARD_ENABLED": "1", "CGGUARD_MOD": "log"}),
+    ],
+)
+def test_the_on_switch_watch_stays_quiet_where_nothing_went_unheeded(
+    code: str, changes: dict[str, str]
+) -> None:
+    """Only a process that imports torch with CGGUARD_* variables set and cgguard off, never
+    switched on, hears of it."""
+    done = python(code, clean_environ(**changes))
+    said = (
+        "cgguard: ignoring CGGUARD_MOD: no such variable; did you mean CGGUARD_MODE?\n"
+        if "CGGUARD_MOD" in changes
+        else ""
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "ran\n", said)
+
+
+@pytest.mark.subprocess
+def test_a_sitecustomize_activation_is_an_on_switch() -> None:
+    """The sitecustomize folder switches cgguard on without CGGUARD_ENABLED: the .pth's watch
+    says nothing."""
+    env = clean_environ(PYTHONPATH=EXAMPLE, CGGUARD_MODE="log")
+    done = python(PATCHED, env)
+    assert (done.returncode, done.stdout, done.stderr) == (
+        0,
+        f"{patched_count()} sitecustomize\n",
+        "",
+    )
+
+
+@pytest.mark.subprocess
+def test_pytest_without_cgguard_says_unheeded_variables_in_its_summary(tmp_path: Path) -> None:
+    """A test session that imports torch with CGGUARD_ENABLE=1 and no --cgguard says so once,
+    at the end where -q still shows it; with --cgguard, only the settings' own warning."""
+    (tmp_path / "test_one.py").write_text("import torch\n\ndef test_one():\n    pass\n")
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_one.py"]
+    line = (
+        "cgguard: CGGUARD_ENABLE (no such variable; did you mean CGGUARD_ENABLED?) is set, and "
+        "nothing switched cgguard on (pytest ran without --cgguard): captures are not guarded"
+    )
+    env = clean_environ(CGGUARD_ENABLE="1")
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
+    assert (done.returncode, done.stdout.splitlines().count(line), done.stderr) == (0, 1, "")
+    argv.append("--cgguard")
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
+    assert (done.returncode, "not guarded" in done.stdout + done.stderr) == (0, False)
+    assert "cgguard: ignoring CGGUARD_ENABLE: no such variable" in done.stderr
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize(("level", "events"), [("info", ["cgguard.census"]), ("warning", [])])
+def test_log_level_keeps_the_census_out_of_a_quiet_process_log(
+    level: str, events: list[str]
+) -> None:
+    """CGGUARD_LOG_LEVEL=warning keeps the exit census (an info event) of a process that broke
+    no rule out of its log; at info it is written."""
+    code = """
+        import torch
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            pass
+        print('ran')
+        """
+    env = clean_environ(CGGUARD_ENABLED="1", CGGUARD_SIMULATE_CUDA="1", CGGUARD_LOG_LEVEL=level)
+    done = python(code, env)
+    # The simulation says once that it is one, a cgguard line; the rest are events.
+    lines = [line for line in done.stderr.splitlines() if not line.startswith("cgguard: ")]
+    written = [json.loads(line)["event"] for line in lines]
+    assert (done.returncode, done.stdout, written) == (0, "ran\n", events)

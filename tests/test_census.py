@@ -704,6 +704,13 @@ def test_a_fold_counts_each_kind_of_a_mixed_batch() -> None:
             "multiple devices",
         ),
         ("skipping cudagraphs due to incompatible op (nonzero_1)", "incompatible op"),
+        (
+            # torch/_inductor/compile_fx.py: "Found from" after a space alone.
+            "skipping cudagraphs due to disabling cudagraphs due to incompatible op "
+            'aten.nonzero.default Found from \n  File "/srv/model.py", line 3, in forward\n'
+            "    y = x.nonzero()\n",
+            "disabling cudagraphs due to incompatible op aten.nonzero.default",
+        ),
         ("", "unknown"),
     ],
 )
@@ -952,3 +959,118 @@ def test_the_other_sites_read_as_such_in_the_summary_and_a_merge() -> None:
         {(None, 6): 6, (None, None): 1},
         "census: 7 captures at 7 sites",
     )
+
+
+def test_a_set_up_told_to_the_census_runs_once_before_the_first_captures_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``prepare`` (inspection's one-time set-up) runs at the first capture, before the census
+    reads the clock at its begin, and never again: its time is in no capture's seconds."""
+    said: list[str] = []
+    monkeypatch.setattr(_watcher, "perf_counter", lambda: said.append("clock") or 1.0)
+    census = Census()
+    reporter = Reporter(cgguard.Config(mode="log"), Run(census), listeners=[])
+    tracker = Tracker(NO_TORCH, reporter, flag=CaptureFlag(), follows=[])
+    watcher = CensusWatcher(
+        census, replays=False, memory=lambda: None, prepare=lambda: said.append("prepare")
+    )
+    tracker.set_watchers((watcher,))
+    begin = hooks.capture_begin(tracker, _Graph.capture_begin)
+    end = hooks.capture_end(tracker, _Graph.capture_end)
+    graph = _Graph()
+    for _ in range(3):
+        begin(graph)
+        end(graph)
+    assert said == ["prepare", "clock", "clock", "clock"]
+
+
+def test_replays_counted_are_told_to_the_metrics_from_the_first_capture_on() -> None:
+    """``replayed`` is told 0 at the first capture (the metric shows from then on) and 1 for
+    each replay the census counts; a graph captured before replays were counted is not
+    counted, nor told."""
+    census = Census()
+    told: list[int] = []
+    untracked = _Graph()  # never captured while replays were counted
+    reporter = Reporter(cgguard.Config(mode="log"), Run(census), listeners=[])
+    tracker = Tracker(NO_TORCH, reporter, flag=CaptureFlag(), follows=[])
+    watcher = CensusWatcher(census, replays=True, memory=lambda: None, replayed=told.append)
+    tracker.set_watchers((watcher,))
+    begin = hooks.capture_begin(tracker, _Graph.capture_begin)
+    end = hooks.capture_end(tracker, _Graph.capture_end)
+    graph = _Graph()
+    begin(graph)
+    end(graph)
+    for each in (graph, untracked, graph):
+        watcher.replaying(each)
+    assert told == [0, 1, 1]
+    quiet: list[int] = []  # replays not counted: nothing to tell
+    CensusWatcher(Census(), replays=False, memory=lambda: None, replayed=quiet.append).replaying(
+        graph
+    )
+    assert quiet == []
+
+
+# Under inspection, the first capture in a process pays torch's one-time set-up of a Python
+# dispatch mode (the import of torch._dynamo) unless it is done before the census's clock: the
+# program notes, at each reading of that clock and at the start of the capture's body (after
+# capture_begin, before any op), whether torch._dynamo is imported yet.
+INSPECTED_PROGRAM = """\
+import json
+import sys
+import time
+
+import torch
+
+import cgguard
+from cgguard._census import watcher as _watcher
+
+at_start = "torch._dynamo" in sys.modules
+readings = []
+clock = _watcher.perf_counter
+
+
+def noted():
+    readings.append("torch._dynamo" in sys.modules)
+    return clock()
+
+
+_watcher.perf_counter = noted
+x = torch.ones(4)
+start = time.perf_counter()
+with torch.cuda.graph(torch.cuda.CUDAGraph()):
+    inside = "torch._dynamo" in sys.modules
+    y = x * 2
+wall = time.perf_counter() - start
+sites = cgguard.census()["captures"]
+seconds = sites[0]["seconds"] if sites else None
+print(json.dumps([at_start, readings[:1], inside, seconds, wall]))
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("census", [True, False], ids=["census", "no census"])
+def test_inspections_one_time_set_up_is_outside_the_first_capture(
+    tmp_path: Path, census: bool
+) -> None:
+    """--inspect: torch's one-time set-up is done before capture_begin, and with the census on
+    before the census reads the clock at the first capture's begin, so the census's seconds
+    are the capture's alone, a small part of the wall time of the with statement that paid
+    for the set-up."""
+    program = tmp_path / "inspected_program.py"
+    program.write_text(INSPECTED_PROGRAM)
+    command = [sys.executable, "-m", "cgguard", "run", "--simulate-cuda", "--inspect"]
+    options = [] if census else ["--no-census"]
+    result = subprocess.run(
+        [*command, *options, "--log-file", os.devnull, str(program)],
+        env=child_environ(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    at_start, readings, inside, seconds, wall = json.loads(result.stdout)
+    assert (at_start, readings, inside) == (False, [True] if census else [], True)
+    if census:
+        # The set-up, an import of about a second, against a capture of a millisecond or less.
+        assert seconds < wall / 4, (seconds, wall)

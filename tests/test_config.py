@@ -28,6 +28,9 @@ DEFAULTS = {
     "census": True,
     "census_replays": False,
     "metrics": None,
+    "log_level": "debug",
+    "manifest": True,
+    "rank_check": False,
 }
 RULES = (
     "capture_disabled",
@@ -39,12 +42,14 @@ RULES = (
     "dead_input",
     "stale_binding",
     "rng_during_capture",
+    "first_use_in_capture",
+    "rank_divergence",
 )
 PATHS = "None or a path, a str or os.PathLike (not blank, no NUL character)"
 RULES_ACCEPTED = (
     "accepted rules are capture_disabled, nested_capture, concurrent_capture, "
     "sync_during_capture, abandoned_capture, implicit_sync, dead_input, stale_binding, "
-    "rng_during_capture; "
+    "rng_during_capture, first_use_in_capture, rank_divergence; "
     "actions are raise, log, off"
 )
 
@@ -75,6 +80,9 @@ def test_every_field_set() -> None:
         census=False,
         census_replays=True,
         metrics="prometheus",
+        log_level="warning",
+        manifest=False,
+        rank_check=True,
     )
     expected = {
         "mode": "log",
@@ -95,6 +103,9 @@ def test_every_field_set() -> None:
         "census": False,
         "census_replays": True,
         "metrics": "prometheus",
+        "log_level": "warning",
+        "manifest": False,
+        "rank_check": True,
     }
     assert expected == dataclasses.asdict(config)
 
@@ -149,21 +160,24 @@ def test_inspect_first_refuses_what_is_not_a_count(value: object) -> None:
             {"rules": {"nested": "off"}},
             "Config(rules={'nested': 'off'}): accepted rules are capture_disabled, "
             "nested_capture, concurrent_capture, sync_during_capture, abandoned_capture, "
-            "implicit_sync, dead_input, stale_binding, rng_during_capture; "
+            "implicit_sync, dead_input, stale_binding, rng_during_capture, "
+            "first_use_in_capture, rank_divergence; "
             "actions are raise, log, off",
         ),
         (
             {"rules": {"nested_capture": "warn"}},
             "Config(rules={'nested_capture': 'warn'}): accepted rules are capture_disabled, "
             "nested_capture, concurrent_capture, sync_during_capture, abandoned_capture, "
-            "implicit_sync, dead_input, stale_binding, rng_during_capture; "
+            "implicit_sync, dead_input, stale_binding, rng_during_capture, "
+            "first_use_in_capture, rank_divergence; "
             "actions are raise, log, off",
         ),
         (
             {"rules": {"sync_during_capture": "OFF"}},
             "Config(rules={'sync_during_capture': 'OFF'}): accepted rules are capture_disabled, "
             "nested_capture, concurrent_capture, sync_during_capture, abandoned_capture, "
-            "implicit_sync, dead_input, stale_binding, rng_during_capture; "
+            "implicit_sync, dead_input, stale_binding, rng_during_capture, "
+            "first_use_in_capture, rank_divergence; "
             "actions are raise, log, off",
         ),
     ],
@@ -228,6 +242,8 @@ def test_equal_configs_hash_equal() -> None:
                 "concurrent_capture": "log",
                 "sync_during_capture": "log",
                 "abandoned_capture": "log",
+                "first_use_in_capture": "log",
+                "rank_divergence": "log",
             },
         ),
         (
@@ -242,6 +258,8 @@ def test_equal_configs_hash_equal() -> None:
                 "concurrent_capture": "log",
                 "sync_during_capture": "log",
                 "abandoned_capture": "log",
+                "first_use_in_capture": "log",
+                "rank_divergence": "log",
             },
         ),
     ],
@@ -274,6 +292,8 @@ def test_action_set_per_rule_wins_over_mode(mode: str) -> None:
         "dead_input": mode,
         "stale_binding": mode,
         "rng_during_capture": mode,
+        "first_use_in_capture": "log",
+        "rank_divergence": "log",
     }
     assert expected == {rule: config.action(rule) for rule in RULES}
 
@@ -497,6 +517,9 @@ def test_from_environ_file_target_without_log_file_warn_false_is_silent(
         ("census", "0", False),
         ("census_replays", "yes", True),
         ("metrics", "Prometheus", "prometheus"),
+        ("log_level", "WARNING", "warning"),
+        ("manifest", "off", False),
+        ("rank_check", "1", True),
     ],
 )
 def test_each_field_but_rules_is_read_from_the_variable_named_after_it(

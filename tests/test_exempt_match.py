@@ -382,7 +382,7 @@ def test_malformed_entry_warns_and_the_rest_applies(
         "cgguard: ignoring the exemption 'nested=exempt_env_l' in CGGUARD_EXEMPT: no rule "
         "'nested'; the rules are capture_disabled, nested_capture, concurrent_capture, "
         "sync_during_capture, abandoned_capture, implicit_sync, dead_input, stale_binding, "
-        "rng_during_capture\n"
+        "rng_during_capture, first_use_in_capture, rank_divergence\n"
     )
     assert (capsys.readouterr().err, cgguard.status().exempted) == (
         expected,
@@ -508,6 +508,8 @@ def test_summary_and_report_count_exempted_captures(tmp_path: Path) -> None:
     log, report = tmp_path / "events.jsonl", tmp_path / "report.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CGGUARD_")}
     env.update(
+        # The program switches cgguard on itself, after importing torch.
+        CGGUARD_ENABLED="0",
         CGGUARD_EXEMPT="capture_disabled=exempt_report_n",
         CGGUARD_LOG_FILE=str(log),
         CGGUARD_LOG_FORMAT="json",

@@ -25,7 +25,8 @@ SYNTAX = (
 )
 RULES = (
     "capture_disabled, nested_capture, concurrent_capture, sync_during_capture, abandoned_capture, "
-    "implicit_sync, dead_input, stale_binding, rng_during_capture"
+    "implicit_sync, dead_input, stale_binding, rng_during_capture, first_use_in_capture, "
+    "rank_divergence"
 )
 
 
@@ -199,11 +200,11 @@ def test_info_lists_exemptions_and_their_sources(tmp_path: Path) -> None:
     }
     expected = [
         "  enabled        (unset)      (CGGUARD_ENABLED)",
-        *DEFAULT_CONFIGURATION[:8],
+        *DEFAULT_CONFIGURATION[:9],
         "  exempt         capture_disabled=torch._inductor. (CGGUARD_EXEMPT)",
         f"  exempt_file    {path!s:<12} (CGGUARD_EXEMPT_FILE)",
         f"  exempt         nested_capture=*/kernels.py ({path})",
-        *DEFAULT_CONFIGURATION[10:],
+        *DEFAULT_CONFIGURATION[11:],
     ]
     assert expected == _configuration(environ)
 

@@ -40,6 +40,7 @@ def test_configuration_names_the_variable_a_value_follows() -> None:
         "  log_format     json, or console when stderr is a terminal (default)",
         "  log_file       events.log   (CGGUARD_LOG_FILE)",
         "  log_target     file         (from CGGUARD_LOG_FILE)",
+        "  log_level      debug        (default)",
         "  report         none         (default)",
         "  capture        as it is (enabled at start) (default)",
         "  simulate_cuda  False        (default)",
@@ -56,6 +57,8 @@ def test_configuration_names_the_variable_a_value_follows() -> None:
         "  census         True         (default)",
         "  census_replays False        (default)",
         "  metrics        none         (default)",
+        "  manifest       True         (default)",
+        "  rank_check     False        (default)",
         "  rule           capture_disabled: log (from CGGUARD_MODE)",
         "  rule           nested_capture: raise (CGGUARD_RULE_NESTED_CAPTURE)",
         # The diagnostics log whatever the mode: their default is their own.
@@ -66,6 +69,8 @@ def test_configuration_names_the_variable_a_value_follows() -> None:
         "  rule           dead_input: log (from CGGUARD_MODE)",
         "  rule           stale_binding: log (from CGGUARD_MODE)",
         "  rule           rng_during_capture: log (from CGGUARD_MODE)",
+        "  rule           first_use_in_capture: log (default)",
+        "  rule           rank_divergence: log (default)",
     ]
     assert expected == _configuration(environ)
 

@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_gate",),
     ("_reporting",),
     ("_core",),
-    ("_inspect", "_census"),  # the opt-in features, each on the core, neither on the other
+    ("_inspect", "_census", "_ranks"),  # the features, each on the core, none on another
     ("_process",),  # the process's state, in one owner
     ("_install", "_switch"),  # the composition root, and the capture flag as the program sets it
     ("_commands",),

@@ -534,3 +534,106 @@ def test_a_line_cut_by_a_full_disk_is_ended(
     lines = path.read_text().splitlines()
     assert (len(lines[0]), json.loads(lines[1])) == (10, {"next": "process"})
     assert "No space left on device" in capsys.readouterr().err
+
+
+def summary_event() -> dict[str, Any]:
+    """An exit summary with two violating sites and one exempted, in the documented schema."""
+    return {
+        "event": "cgguard.summary",
+        "level": "warning",
+        "pid": 5,
+        "timestamp": "2026-01-01T00:00:02.000000Z",
+        "totals": {"nested_capture": 3, "capture_disabled": 1},
+        "sites": [
+            {"rule": "nested_capture", "count": 3, "file": "m.py", "line": 4, "function": "f"},
+            {"rule": "capture_disabled", "count": 1, "file": None, "line": None, "function": None},
+        ],
+        "exempted_totals": {"sync_during_capture": 2},
+        "exempted_sites": [
+            {
+                "rule": "sync_during_capture",
+                "count": 2,
+                "file": "k.py",
+                "line": 9,
+                "function": "warm",
+                "exemption": "sync_during_capture=k",
+            }
+        ],
+    }
+
+
+def test_console_summary_is_lines_per_site_not_a_dict(capsys: pytest.CaptureFixture[str]) -> None:
+    """The exit summary on the console is a line of totals and a line per site, as the census
+    is shown; the JSON line keeps the fields."""
+    EventLog(log_format="console").emit(summary_event())
+    assert capsys.readouterr().err == (
+        "2026-01-01T00:00:02.000000Z [warning  ] cgguard.summary                "
+        "message='4 violations at 2 sites: nested_capture 3, capture_disabled 1; "
+        "2 exempted captures' pid=5\n"
+        "violations by site:\n"
+        "  m.py:4 (in f): nested_capture 3\n"
+        "  an unknown site: capture_disabled 1\n"
+        "exempted captures by site:\n"
+        "  k.py:9 (in warm): sync_during_capture 2 (exemption 'sync_during_capture=k')\n"
+    )
+    EventLog(log_format="json").emit(summary_event())
+    assert json.loads(capsys.readouterr().err) == summary_event()
+
+
+@pytest.mark.parametrize(
+    ("environ", "tty", "expected"),
+    [
+        ({}, True, True),
+        ({}, False, False),
+        ({"NO_COLOR": "1"}, True, False),
+        ({"NO_COLOR": ""}, True, True),  # empty is unset (no-color.org)
+        ({"FORCE_COLOR": "1"}, False, True),
+        ({"FORCE_COLOR": "1", "NO_COLOR": "1"}, False, False),
+        ({"TERM": "dumb"}, True, False),
+        ({"TERM": "dumb", "FORCE_COLOR": "yes"}, True, True),
+    ],
+)
+def test_colors_follow_no_color_and_force_color(
+    environ: dict[str, str], tty: bool, expected: bool
+) -> None:
+    """NO_COLOR wins, then FORCE_COLOR, then TERM=dumb, then whether stderr is a terminal."""
+    from cgguard._reporting.log import wants_colors
+
+    class Stream:
+        def isatty(self) -> bool:
+            return tty
+
+    assert wants_colors(Stream(), environ) is expected
+
+
+def test_force_color_colours_console_events_off_a_terminal(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FORCE_COLOR gives a captured stderr ANSI colours; NO_COLOR takes them away again."""
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    EventLog(log_format="console").emit(nested_event())
+    assert "\x1b[" in capsys.readouterr().err
+    monkeypatch.setenv("NO_COLOR", "1")
+    EventLog(log_format="console").emit(nested_event())
+    assert "\x1b" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("level", "written"),
+    [
+        ("debug", ["debug", "info", "warning", "error"]),
+        ("info", ["info", "warning", "error"]),
+        ("warning", ["warning", "error"]),
+        ("error", ["error"]),
+    ],
+)
+def test_log_level_leaves_out_less_severe_events(
+    level: str, written: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An event below the log level is not written; the rest are, whole and in order."""
+    log = EventLog(log_format="json", level=level)
+    for each in ("debug", "info", "warning", "error"):
+        log.emit({**nested_event(), "level": each})
+    lines = capsys.readouterr().err.splitlines()
+    assert [json.loads(line)["level"] for line in lines] == written
+    assert log.anew().level == level

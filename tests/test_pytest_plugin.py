@@ -170,6 +170,7 @@ def test_importing_the_plugin_loads_neither_torch_nor_wrapt_nor_structlog() -> N
     )
     light = [
         "cgguard",
+        "cgguard._boot",
         "cgguard._errors",
         "cgguard._support",
         "cgguard._support.patchset",
@@ -238,13 +239,112 @@ def test_uncaught_violation_keeps_its_traceback_and_adds_the_report(guarded: Ses
     assert guarded.outcomes("test_uncaught.py") == {"test_uncaught.py::test_uncaught": "failed"}
     guarded.section("test_uncaught").fnmatch_lines(
         [
-            "E * cgguard._errors.CaptureDisabledError: CUDA graph capturing detected*",
+            f"E * cgguard.CaptureDisabledError: {DISABLED_SENTENCE}*",
+            "",
+            "test_uncaught.py:10: CaptureDisabledError",
             "*- cgguard -*",
             "cgguard: capture_disabled violation during the test",
-        ]
+            "",
+            # Its message is on the E line above: here, its stacks alone.
+            "capture_disabled (raised): the exception above",
+            "The capture was attempted at (most recent call last):",
+            '  File "*test_uncaught.py", line 10, in test_uncaught',
+        ],
+        consecutive=True,
     )
     guarded.stdout.fnmatch_lines(
-        ["FAILED test_uncaught.py::test_uncaught - cgguard._errors.CaptureDisabledError*"]
+        ["FAILED test_uncaught.py::test_uncaught - cgguard.CaptureDisabledError*"]
+    )
+
+
+GUARDED["test_own_stderr"] = """
+    import sys
+
+    import cgguard
+    import torch
+    from cgguard.testing import simulated_cuda
+
+
+    def test_own_stderr():
+        print("written by the test", file=sys.stderr)
+        with simulated_cuda(), cgguard.capture_disabled():
+            try:
+                with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                    pass
+            except RuntimeError:
+                pass
+"""
+
+
+GUARDED["test_chained"] = """
+    import cgguard
+    import torch
+    from cgguard.testing import simulated_cuda
+
+
+    def test_chained():
+        with simulated_cuda(), cgguard.capture_disabled():
+            try:
+                with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                    pass
+            except cgguard.CaptureDisabledError as exc:
+                raise ValueError("wrapped") from exc
+"""
+
+
+def logged(section: pytest.LineMatcher) -> list[object]:
+    """The rules of the violations the console log wrote in ``section`` (as JSON lines)."""
+    prefix = '{"event": "cgguard.capture_violation"'
+    return [json.loads(line)["rule"] for line in section.lines if line.startswith(prefix)]
+
+
+@pytest.mark.xdist_group("pytest_plugin-guarded")
+def test_a_violation_is_shown_once_in_its_test_s_failure(guarded: Session) -> None:
+    """A failure shows each violation's message once, with its stacks: the console log's JSON
+    copy of the violations it shows is left out of the test's captured stderr, and whatever
+    else the test wrote there stays; an expected violation's line stays too."""
+    tests = (
+        "test_swallowed",
+        "test_uncaught",
+        "test_chained",
+        "test_repeated",
+        "test_mixed",
+        "test_own_stderr",
+    )
+    seen = {
+        test: (
+            guarded.section(test).str().count(DISABLED_SENTENCE),
+            logged(guarded.section(test)),
+            "Captured stderr call" in guarded.section(test).str(),
+        )
+        for test in tests
+    }
+    expected = {
+        "test_swallowed": (1, [], False),
+        "test_uncaught": (1, [], False),
+        "test_chained": (1, [], False),
+        "test_repeated": (1, [], False),
+        "test_mixed": (1, ["nested_capture"], True),
+        "test_own_stderr": (1, [], True),
+    }
+    assert expected == seen
+    guarded.section("test_own_stderr").fnmatch_lines(
+        ["*- Captured stderr call -*", "written by the test"], consecutive=True
+    )
+    # A violation chained to the exception the test failed with: its message on its own E line.
+    guarded.section("test_chained").fnmatch_lines(
+        [
+            ">               with torch.cuda.graph(torch.cuda.CUDAGraph()):",
+            f"E               cgguard.CaptureDisabledError: {DISABLED_SENTENCE}*",
+            "",
+            "test_chained.py:9: CaptureDisabledError",
+            "",
+            "The above exception was the direct cause of the following exception:",
+        ],
+        consecutive=True,
+    )
+    guarded.section("test_chained").fnmatch_lines(
+        ["capture_disabled (raised): the exception above"]
     )
 
 
@@ -556,7 +656,8 @@ def test_unknown_rule_in_the_marker_is_an_error(guarded: Session) -> None:
         [
             "cgguard_expect: unknown rule(s) 'nested'; the rules are capture_disabled, "
             "nested_capture, concurrent_capture, sync_during_capture, abandoned_capture, "
-            "implicit_sync, dead_input, stale_binding, rng_during_capture",
+            "implicit_sync, dead_input, stale_binding, rng_during_capture, "
+            "first_use_in_capture, rank_divergence",
         ]
     )
 
@@ -787,7 +888,7 @@ def test_simulated_session_keeps_the_latest_10000_calls(pytester: pytest.Pyteste
             assert (len(calls), {call.name for call in calls}) == (10_000, {"replay"})
         """
     )
-    run(pytester, "--cgguard-simulate-cuda").assert_outcomes(passed=1)
+    run(pytester, "--no-cgguard", "--cgguard-simulate-cuda").assert_outcomes(passed=1)
 
 
 def test_simulated_session_runs_torch_compile_on_cpu(pytester: pytest.Pytester) -> None:
@@ -809,8 +910,11 @@ def test_simulated_session_runs_torch_compile_on_cpu(pytester: pytest.Pytester) 
     result.assert_outcomes(passed=1)
 
 
-def test_simulate_ini_option_without_the_guard(pytester: pytest.Pytester) -> None:
-    """``cgguard_simulate_cuda = true`` alone simulates CUDA and guards nothing."""
+def test_simulate_ini_option_with_no_cgguard_runs_the_simulation_alone(
+    pytester: pytest.Pytester,
+) -> None:
+    """``cgguard_simulate_cuda = true`` with --no-cgguard simulates CUDA and guards nothing,
+    and the session's header says so."""
     pytester.makeini("[pytest]\ncgguard_simulate_cuda = true\n")
     pytester.makepyfile(
         test_sim_only="""
@@ -826,7 +930,11 @@ def test_simulate_ini_option_without_the_guard(pytester: pytest.Pytester) -> Non
             assert not cgguard.is_installed()
         """
     )
-    run(pytester).assert_outcomes(passed=1)
+    result = run(pytester, "--no-cgguard")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        ["cgguard: the guard is off (--no-cgguard); the session runs on the simulated CUDA runtime"]
+    )
 
 
 def test_installation_made_before_the_session_is_kept(pytester: pytest.Pytester) -> None:
@@ -1186,10 +1294,141 @@ def test_inspected_simulated_session_fails_a_test_that_calls_item_in_a_capture(
 
 def test_inspect_ini_option_and_its_need_of_cgguard(pytester: pytest.Pytester) -> None:
     """cgguard_inspect in the ini file does what --cgguard-inspect does; alone, without
-    --cgguard, it is a usage error naming what it needs."""
+    --cgguard, it is a usage error naming what it needs, as cgguard_simulate_cuda is."""
     pytester.makepyfile(test_inspected=INSPECTED)
     pytester.makeini("[pytest]\ncgguard_inspect = true\ncgguard_simulate_cuda = true\n")
     run(pytester, "--cgguard").assert_outcomes(passed=1, failed=1)
     refused = run(pytester)
     assert refused.ret == pytest.ExitCode.USAGE_ERROR
-    refused.stderr.fnmatch_lines(["*--cgguard-inspect (or cgguard_inspect) needs --cgguard*"])
+    refused.stderr.fnmatch_lines(
+        [
+            "ERROR: --cgguard-simulate-cuda (or cgguard_simulate_cuda) and --cgguard-inspect (or "
+            "cgguard_inspect) need --cgguard (or cgguard = true) to guard the session, or "
+            "--no-cgguard to run it unguarded"
+        ]
+    )
+
+
+def test_each_option_that_says_how_to_guard_needs_the_switch(pytester: pytest.Pytester) -> None:
+    """--cgguard-simulate-cuda alone is the usage error --cgguard-inspect alone is: neither
+    switches the guard on by itself, and neither is ignored."""
+    pytester.makepyfile(test_plain="def test_plain():\n    pass\n")
+    outcomes = {}
+    for option in ("--cgguard-simulate-cuda", "--cgguard-inspect"):
+        refused = run(pytester, option)
+        outcomes[option] = (refused.ret, refused.stderr.lines[0])
+    needs = (
+        "needs --cgguard (or cgguard = true) to guard the session, or --no-cgguard to run it "
+        "unguarded"
+    )
+    assert {
+        "--cgguard-simulate-cuda": (
+            pytest.ExitCode.USAGE_ERROR,
+            f"ERROR: --cgguard-simulate-cuda (or cgguard_simulate_cuda) {needs}",
+        ),
+        "--cgguard-inspect": (
+            pytest.ExitCode.USAGE_ERROR,
+            f"ERROR: --cgguard-inspect (or cgguard_inspect) {needs}",
+        ),
+    } == outcomes
+
+
+def test_no_cgguard_switches_off_the_ini_s_guard_and_its_inspection(
+    pytester: pytest.Pytester,
+) -> None:
+    """--no-cgguard wins over ``cgguard = true`` and --cgguard, and over inspection, which is
+    part of the guard; the simulation asked for stays, so the tests still run."""
+    pytester.makeini(
+        "[pytest]\ncgguard = true\ncgguard_inspect = true\ncgguard_simulate_cuda = true\n"
+    )
+    pytester.makepyfile(
+        test_off="""
+        import cgguard
+        import torch
+
+
+        def test_swallowed_and_an_item():
+            x = torch.arange(3.0)
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                (x * 2).sum().item()
+            with cgguard.capture_disabled():
+                try:
+                    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                        pass
+                except RuntimeError:
+                    pass
+            assert not cgguard.is_installed()
+
+
+        def test_takes_the_events(cgguard_violations):
+            pass
+        """
+    )
+    result = run(pytester, "--cgguard", "--no-cgguard")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(
+        [
+            "cgguard: the guard is off (--no-cgguard); the session runs on the simulated CUDA "
+            "runtime",
+            "SKIPPED [[]1[]] *: cgguard is switched off by --no-cgguard",
+        ]
+    )
+
+
+def test_a_bad_ini_value_names_the_option_and_what_it_accepts(pytester: pytest.Pytester) -> None:
+    """A cgguard ini option that is no boolean is one line naming it, its value and the
+    accepted ones."""
+    pytester.makeini("[pytest]\ncgguard_simulate_cuda = maybe\n")
+    pytester.makepyfile(test_plain="def test_plain():\n    pass\n")
+    refused = run(pytester)
+    expected = (
+        pytest.ExitCode.USAGE_ERROR,
+        [
+            "ERROR: ini option cgguard_simulate_cuda: invalid truth value 'maybe'; accepted "
+            "values are true or false (as text also yes/no, on/off, 1/0)"
+        ],
+    )
+    assert expected == (refused.ret, [line for line in refused.stderr.lines if line])
+
+
+INSPECTED_UNCAUGHT = """
+import torch
+
+
+def test_item_uncaught():
+    x = torch.arange(3.0)
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        y = x * 2
+        y.sum().item()
+"""
+
+
+def test_an_inspected_failure_ends_at_the_test_s_line(pytester: pytest.Pytester) -> None:
+    """An .item() refused by inspection fails its test at the test's line: no torch frame or
+    dispatch mode between that line and the error, and the message shown once."""
+    pytester.makepyfile(test_uncaught_item=INSPECTED_UNCAUGHT)
+    result = run(pytester, "--cgguard", "--cgguard-simulate-cuda", "--cgguard-inspect")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "    def test_item_uncaught():",
+            "        x = torch.arange(3.0)",
+            "        with torch.cuda.graph(torch.cuda.CUDAGraph()):",
+            "            y = x * 2",
+            ">           y.sum().item()",
+            "E           cgguard.ImplicitSyncError: Implicit synchronize during CUDA graph "
+            "capture: aten::_local_scalar_dense at *test_uncaught_item.py:8 *",
+            "",
+            "test_uncaught_item.py:8: ImplicitSyncError",
+            "*- cgguard -*",
+            "cgguard: implicit_sync violation during the test",
+            "",
+            "implicit_sync (raised): the exception above",
+            "The synchronizing operation was called at (most recent call last):",
+            '  File "*test_uncaught_item.py", line 8, in test_item_uncaught',
+            "    y.sum().item()",
+        ],
+        consecutive=True,
+    )
+    for hidden in ("*torch/_*", "*InspectionMode*", "*Captured stderr*", "*cgguard/_*"):
+        result.stdout.no_fnmatch_line(hidden)

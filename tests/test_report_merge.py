@@ -170,12 +170,14 @@ def expected_json(folder: Path) -> dict[str, Any]:
         "jobs": [],
         "written": {"first": "2026-12-01T05:00:09.000000Z", "last": "2026-12-01T05:00:09.000000Z"},
         "totals": {"capture_disabled": 5, "nested_capture": 1},
+        "actions": {"raised": 1, "logged": 5},
         "violations": [
             {
                 "rule": "capture_disabled",
                 "api": "torch.cuda.graph",
                 "site": TRAIN,
                 "count": 5,
+                "actions": {"raised": 0, "logged": 5},
                 "processes": [
                     {"host": "node-a", "pid": 101, "rank": 0, "count": 3},
                     {"host": "node-b", "pid": 201, "rank": 1, "count": 2},
@@ -187,6 +189,7 @@ def expected_json(folder: Path) -> dict[str, Any]:
                 "api": "torch.cuda.graph",
                 "site": INNER,
                 "count": 1,
+                "actions": {"raised": 1, "logged": 0},
                 "processes": [{"host": "node-a", "pid": 101, "rank": 0, "count": 1}],
                 "first": nested_event(101, 0, "2026-12-01T05:00:03.000000Z"),
             },
@@ -197,6 +200,8 @@ def expected_json(folder: Path) -> dict[str, Any]:
         "captures": [],
         "cudagraph_skips": [],
         "slowest_capturing": None,
+        # No report holds a capture manifest: no rank to compare (docs/ranks.md).
+        "ranks": None,
         "processes": [
             {
                 "host": "node-a",
@@ -207,6 +212,7 @@ def expected_json(folder: Path) -> dict[str, Any]:
                 "job": None,
                 "violations": 4,
                 "totals": {"capture_disabled": 3, "nested_capture": 1},
+                "actions": {"raised": 1, "logged": 3},
                 "exempted": 0,
                 "exempted_totals": {},
                 "report": str(folder / "r-101.json"),
@@ -221,6 +227,7 @@ def expected_json(folder: Path) -> dict[str, Any]:
                 "job": None,
                 "violations": 2,
                 "totals": {"capture_disabled": 2},
+                "actions": {"raised": 0, "logged": 2},
                 "exempted": 0,
                 "exempted_totals": {},
                 "report": str(folder / "r-201.json"),
@@ -235,6 +242,7 @@ def expected_json(folder: Path) -> dict[str, Any]:
                 "job": None,
                 "violations": 0,
                 "totals": {},
+                "actions": {"raised": 0, "logged": 0},
                 "exempted": 0,
                 "exempted_totals": {},
                 "report": str(folder / "r-202.json"),
@@ -249,6 +257,7 @@ def expected_json(folder: Path) -> dict[str, Any]:
                 "job": None,
                 "violations": 0,
                 "totals": {},
+                "actions": {"raised": 0, "logged": 0},
                 "exempted": 0,
                 "exempted_totals": {},
                 "report": str(folder / "r-100.json"),
@@ -277,10 +286,10 @@ def test_text_names_sites_processes_and_stacks(
     status, out, err = run(capsys, str(job))
     assert (status, err) == (1, "")
     assert out.splitlines() == [
-        "cgguard report: 4 processes on 3 hosts: 6 violations at 2 sites",
+        "cgguard report: 4 processes on 3 hosts: 6 violations at 2 sites (1 raised, 5 logged)",
         "reports written at 2026-12-01T05:00:09.000000Z",
         "",
-        "capture_disabled at /job/train.py:40 (in step): 5 in 2 processes",
+        "capture_disabled at /job/train.py:40 (in step): 5 in 2 processes (5 logged)",
         "  node-a pid 101 rank 0: 3",
         "  node-b pid 201 rank 1: 2",
         f"  {DISABLED} torch.cuda.graph at /job/train.py:40 (in step) began a capture; capture "
@@ -297,7 +306,7 @@ def test_text_names_sites_processes_and_stacks(
         '    File "/job/train.py", line 12, in serve',
         "      cgguard.set_capture_enabled(False)",
         "",
-        "nested_capture at /job/fused.py:7 (in fuse): 1 in 1 process",
+        "nested_capture at /job/fused.py:7 (in fuse): 1 in 1 process (1 raised)",
         "  node-a pid 101 rank 0: 1",
         "  Nested CUDA graph capture is not supported: torch.cuda.graph at /job/fused.py:7 "
         "(in fuse) began a capture while this thread's capture begun at /job/train.py:39 "
@@ -316,8 +325,8 @@ def test_text_names_sites_processes_and_stacks(
         "",
         "processes:",
         "  node-a pid 101  rank 0 local_rank 0 world_size 3  capture_disabled 3, "
-        f"nested_capture 1  {job / 'r-101.json'}",
-        f"  node-b pid 201  rank 1 local_rank 0 world_size 3  capture_disabled 2  "
+        f"nested_capture 1 (1 raised, 3 logged)  {job / 'r-101.json'}",
+        f"  node-b pid 201  rank 1 local_rank 0 world_size 3  capture_disabled 2 (2 logged)  "
         f"{job / 'r-201.json'}",
         f"  node-b pid 202  rank 2 local_rank 1 world_size 3  no violation  {job / 'r-202.json'}",
         f"  unknown host pid 100  no violation  {job / 'r-100.json'}",
@@ -353,26 +362,50 @@ def test_markdown_tables_parse(job: Path, capsys: pytest.CaptureFixture[str]) ->
     status, out, err = run(capsys, "--format", "Markdown", str(job))
     assert (status, err) == (1, "")
     lines = out.splitlines()
-    assert lines[:3] == ["# cgguard report", "", "5 processes on 4 hosts: 6 violations at 2 sites."]
+    assert lines[:3] == [
+        "# cgguard report",
+        "",
+        "5 processes on 4 hosts: 6 violations at 2 sites (1 raised, 5 logged).",
+    ]
     assert table(lines, "## Violations") == [
-        ["rule", "site", "count", "processes"],
-        ["---", "---", "---", "---"],
+        ["rule", "site", "count", "raised", "logged", "processes"],
+        ["---"] * 6,
         [
             "capture_disabled",
             "/job/train.py:40 (in step)",
             "5",
+            "0",
+            "5",
             "node-a pid 101 rank 0 (3), node-b pid 201 rank 1 (2)",
         ],
-        ["nested_capture", "/job/fused.py:7 (in fuse)", "1", "node-a pid 101 rank 0 (1)"],
+        [
+            "nested_capture",
+            "/job/fused.py:7 (in fuse)",
+            "1",
+            "1",
+            "0",
+            "node-a pid 101 rank 0 (1)",
+        ],
     ]
     assert table(lines, "## Processes") == [
-        ["host", "pid", "rank", "local_rank", "world_size", "violations", "exempted", "report"],
-        ["---"] * 8,
-        ["node-a", "101", "0", "0", "3", "4", "0", str(job / "r-101.json")],
-        ["node-b", "201", "1", "0", "3", "2", "0", str(job / "r-201.json")],
-        ["node-b", "202", "2", "1", "3", "0", "0", str(job / "r-202.json")],
-        ["node|c", "303", "3", "", "", "0", "0", str(job / "r-303.json")],
-        ["unknown host", "100", "", "", "", "0", "0", str(job / "r-100.json")],
+        [
+            "host",
+            "pid",
+            "rank",
+            "local_rank",
+            "world_size",
+            "violations",
+            "raised",
+            "logged",
+            "exempted",
+            "report",
+        ],
+        ["---"] * 10,
+        ["node-a", "101", "0", "0", "3", "4", "1", "3", "0", str(job / "r-101.json")],
+        ["node-b", "201", "1", "0", "3", "2", "0", "2", "0", str(job / "r-201.json")],
+        ["node-b", "202", "2", "1", "3", "0", "0", "0", "0", str(job / "r-202.json")],
+        ["node|c", "303", "3", "", "", "0", "0", "0", "0", str(job / "r-303.json")],
+        ["unknown host", "100", "", "", "", "0", "0", "0", "0", str(job / "r-100.json")],
     ]
     section = lines.index("### nested\\_capture at /job/fused.py:7 (in fuse)")
     assert lines[section + 2 : section + 14] == [
@@ -565,7 +598,7 @@ def test_a_bad_format_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str
     assert (stopped.value.code, err.splitlines()[-1]) == (
         2,
         "cgguard report: error: argument --format: invalid choice: 'yaml' "
-        "(choose from 'text', 'json', 'markdown')",
+        "(choose from 'text', 'json', 'markdown', 'html')",
     )
 
 
@@ -587,7 +620,7 @@ def test_a_rule_unknown_here_is_merged_with_its_stack(
     assert (status, out.splitlines()[3:9]) == (
         1,
         [
-            "future_rule at /job/train.py:40 (in step): 2 in 1 process",
+            "future_rule at /job/train.py:40 (in step): 2 in 1 process (2 logged)",
             "  node-a pid 5: 2",
             "  m",
             "  The call was made at (most recent call last):",
@@ -830,10 +863,10 @@ def test_text_escapes_what_a_terminal_acts_on(
     shown_path = str(path).replace(TITLE, "\\x1b]0;owned\\x07")
     assert (status, err) == (1, "")
     assert out.split("\n") == [
-        "cgguard report: 1 process on 1 host: 2 violations at 1 site; 1 exempted",
+        "cgguard report: 1 process on 1 host: 2 violations at 1 site (2 logged); 1 exempted",
         "reports written at 2026-12-01T05:00:09.000000Z",
         "",
-        "capture_disabled at /job/\\x1b[2Jgen.py:3 (in st\\u202eep): 2 in 1 process",
+        "capture_disabled at /job/\\x1b[2Jgen.py:3 (in st\\u202eep): 2 in 1 process (2 logged)",
         "  node\\x1b]0;owned\\x07 pid 7 rank \\x1b[8m0: 2",
         "  began\\x1b[8m all clear",
         "  The capture was attempted at (most recent call last):",
@@ -849,8 +882,8 @@ def test_text_escapes_what_a_terminal_acts_on(
         "capture_disabled=x\\x1b[2J, in node\\x1b]0;owned\\x07 pid 7 rank \\x1b[8m0 (1)",
         "",
         "processes:",
-        "  node\\x1b]0;owned\\x07 pid 7  rank \\x1b[8m0  capture_disabled 2 (1 exempted)  "
-        f"{shown_path}",
+        "  node\\x1b]0;owned\\x07 pid 7  rank \\x1b[8m0  capture_disabled 2 "
+        f"(2 logged; 1 exempted)  {shown_path}",
         "",
     ]
 
@@ -875,15 +908,15 @@ def test_markdown_keeps_names_literal(tmp_path: Path, capsys: pytest.CaptureFixt
         [
             "# cgguard report",
             "",
-            "1 process on 1 host: 1 violation at 1 site.",
+            "1 process on 1 host: 1 violation at 1 site (1 logged).",
             "",
             "- reports written at 2026-12-01T05:00:09.000000Z",
             "",
             "## Violations",
             "",
-            "| rule | site | count | processes |",
-            "| --- | --- | --- | --- |",
-            f"| capture\\_disabled | {where} | 1 | evil\\|\\<b\\>x\\</b\\> pid 7 (1) |",
+            "| rule | site | count | raised | logged | processes |",
+            "| --- | --- | --- | --- | --- | --- |",
+            f"| capture\\_disabled | {where} | 1 | 0 | 1 | evil\\|\\<b\\>x\\</b\\> pid 7 (1) |",
             "",
             f"### capture\\_disabled at {where}",
             "",
@@ -896,9 +929,10 @@ def test_markdown_keeps_names_literal(tmp_path: Path, capsys: pytest.CaptureFixt
             "",
             "## Processes",
             "",
-            "| host | pid | rank | local\\_rank | world\\_size | violations | exempted | report |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |",
-            f"| evil\\|\\<b\\>x\\</b\\> | 7 |  |  |  | 1 | 0 | {report_cell} |",
+            "| host | pid | rank | local\\_rank | world\\_size | violations | raised | logged "
+            "| exempted | report |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            f"| evil\\|\\<b\\>x\\</b\\> | 7 |  |  |  | 1 | 0 | 1 | 0 | {report_cell} |",
             "",
         ],
     )
@@ -943,7 +977,7 @@ def test_a_first_event_without_a_stack_is_at_an_unknown_site(
         1,
         "",
         [
-            "capture_disabled at an unknown site: 1 in 1 process",
+            "capture_disabled at an unknown site: 1 in 1 process (1 logged)",
             "  node-a pid 9: 1",
             f"  {DISABLED} torch.cuda.graph at /job/train.py:40 (in step) began a capture; capture "
             "was disabled at /job/train.py:12 (in serve).",
@@ -1131,7 +1165,7 @@ def test_a_copy_of_a_report_is_one_process_and_said_skipped(
     )
     status, out, _ = run(capsys, str(first.parent), str(copy.parent))
     assert out.split("\n")[:3] == [
-        "cgguard report: 1 process on 1 host: 3 violations at 1 site",
+        "cgguard report: 1 process on 1 host: 3 violations at 1 site (3 logged)",
         "reports written at 2026-12-01T05:00:09.000000Z",
         f"skipped {copy}: the same report as {first}",
     ]
@@ -1196,7 +1230,7 @@ def test_totals_beyond_the_sites_listed_count(
     status, out, _ = run(capsys, str(tmp_path))
     assert (status, out.split("\n")[0]) == (
         1,
-        "cgguard report: 1 process on 1 host: 2 violations at 0 sites",
+        "cgguard report: 1 process on 1 host: 2 violations at 0 sites (2 not listed)",
     )
 
 
@@ -1236,7 +1270,7 @@ def test_two_different_reports_of_one_process_are_pointed_out(
     assert (status, out.split("\n")[:3]) == (
         1,
         [
-            "cgguard report: 2 processes on 1 host: 7 violations at 1 site",
+            "cgguard report: 2 processes on 1 host: 7 violations at 1 site (7 logged)",
             "reports written from 2026-12-01T05:00:09.000000Z to 2026-12-01T05:00:30.000000Z",
             f"node-a pid 1: 2 different reports, each counted as a process: {a}, {b}",
         ],
@@ -1484,3 +1518,231 @@ def test_the_json_view_never_writes_nan_or_infinity() -> None:
     merged = merge([("r.json", violating(extra=math.nan))])  # not read(): nothing refused it
     with pytest.raises(ValueError, match="not JSON compliant"):
         "".join(render_json(merged))
+
+
+def test_help_gives_each_option_a_sentence_and_an_example(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cgguard report --help`: every option says what it does and shows itself in use, never
+    cut at its hyphens on an 80-column terminal."""
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main(["report", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    examples = [
+        "--format html -o job.html",
+        "-o summary.md",
+        "--top 16",
+        "--max-bytes 2000000000",
+        "reports/ or 'node-*/**/r-*.json'",
+        "cgguard report --format markdown 'node-*/r-*.json' >> \"$GITHUB_STEP_SUMMARY\"",
+    ]
+    assert [example for example in examples if example not in text] == []
+
+
+def wide_job(folder: Path, processes: int) -> Path:
+    """A job of ``processes`` ranks on one host, rank r hitting TRAIN r + 1 times (logged),
+    and rank 0 also hitting the nested capture once (raised)."""
+    for rank in range(processes):
+        pid = 100 + rank
+        sites = [
+            {
+                "rule": "capture_disabled",
+                "count": rank + 1,
+                "first": disabled_event(pid, rank, "2026-12-01T05:00:01.000000Z"),
+            }
+        ]
+        if rank == 0:
+            sites.append(
+                {
+                    "rule": "nested_capture",
+                    "count": 1,
+                    "first": nested_event(pid, rank, "2026-12-01T05:00:02.000000Z"),
+                }
+            )
+        write(folder, f"r-{pid}.json", document(pid, sites, rank=rank))
+    write(folder, "r-99.json", document(99, []))  # the launcher
+    return folder
+
+
+def test_a_site_hit_by_many_processes_names_the_top_five_and_how_many_more(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Text: under a site, the five processes with the most hits, then how many more and their
+    count; the list of processes likewise, with how many of the rest violated."""
+    status, out, _ = run(capsys, str(wide_job(tmp_path, 8)))
+    lines = out.splitlines()
+    site = lines.index(
+        "capture_disabled at /job/train.py:40 (in step): 36 in 8 processes (36 logged)"
+    )
+    assert (status, lines[0], lines[site + 1 : site + 8]) == (
+        1,
+        "cgguard report: 9 processes on 1 host: 37 violations at 2 sites (1 raised, 36 logged)",
+        [
+            "  node-a pid 107 rank 7: 8",
+            "  node-a pid 106 rank 6: 7",
+            "  node-a pid 105 rank 5: 6",
+            "  node-a pid 104 rank 4: 5",
+            "  node-a pid 103 rank 3: 4",
+            "  and 3 more processes (6 violations)",
+            f"  {DISABLED} torch.cuda.graph at /job/train.py:40 (in step) began a capture; capture "
+            "was disabled at /job/train.py:12 (in serve).",
+        ],
+    )
+    assert lines[lines.index("processes:") + 1 :] == [
+        f"  node-a pid 107  rank 7  capture_disabled 8 (8 logged)  {tmp_path / 'r-107.json'}",
+        f"  node-a pid 106  rank 6  capture_disabled 7 (7 logged)  {tmp_path / 'r-106.json'}",
+        f"  node-a pid 105  rank 5  capture_disabled 6 (6 logged)  {tmp_path / 'r-105.json'}",
+        f"  node-a pid 104  rank 4  capture_disabled 5 (5 logged)  {tmp_path / 'r-104.json'}",
+        f"  node-a pid 103  rank 3  capture_disabled 4 (4 logged)  {tmp_path / 'r-103.json'}",
+        "  and 4 more processes: 3 with a violation, 1 without",
+    ]
+
+
+def test_markdown_names_the_top_five_processes_and_how_many_more(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Markdown: a site's processes cell and the processes table stop at five, and say how
+    many more there are."""
+    status, out, _ = run(capsys, "--format", "markdown", str(wide_job(tmp_path, 8)))
+    lines = out.splitlines()
+    assert (status, table(lines, "## Violations")[2]) == (
+        1,
+        [
+            "capture_disabled",
+            "/job/train.py:40 (in step)",
+            "36",
+            "0",
+            "36",
+            "node-a pid 107 rank 7 (8), node-a pid 106 rank 6 (7), node-a pid 105 rank 5 (6), "
+            "node-a pid 104 rank 4 (5), node-a pid 103 rank 3 (4), and 3 more processes "
+            "(6 violations)",
+        ],
+    )
+    rows = table(lines, "## Processes")
+    end = lines.index("## Processes") + 2 + len(rows)
+    assert ([row[1] for row in rows[2:]], lines[end:]) == (
+        ["107", "106", "105", "104", "103"],
+        ["", "and 4 more processes: 3 with a violation, 1 without."],
+    )
+
+
+def test_top_sets_how_many_processes_the_views_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--top N names N processes under each site and in the list; the JSON view lists all."""
+    folder = wide_job(tmp_path, 3)
+    _, out, _ = run(capsys, "--top", "1", str(folder))
+    lines = out.splitlines()
+    assert lines[4:6] + lines[-2:] == [
+        "  node-a pid 102 rank 2: 3",
+        "  and 2 more processes (3 violations)",
+        f"  node-a pid 102  rank 2  capture_disabled 3 (3 logged)  {folder / 'r-102.json'}",
+        "  and 3 more processes: 2 with a violation, 1 without",
+    ]
+    merged = json.loads(run(capsys, "--format", "json", "--top", "1", str(folder))[1])
+    assert (len(merged["processes"]), len(merged["violations"][0]["processes"])) == (4, 3)
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "five"])
+def test_a_bad_top_is_refused_by_the_parser(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """--top takes a whole number of processes above 0."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["report", "--top", value, "x.json"])
+    assert (stopped.value.code, capsys.readouterr().err.splitlines()[-1]) == (
+        2,
+        f"cgguard report: error: argument --top: {value!r} is not a whole number of processes "
+        "above 0",
+    )
+
+
+def test_raised_and_logged_are_told_apart_at_one_site(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A site raised in one process (raise mode) and logged in another: each view counts the
+    two apart, per site, per process and in all; an action a newer cgguard names follows."""
+    raised = {**disabled_event(1, 0, "2026-12-01T05:00:01.000000Z"), "action": "raised"}
+    warned = {**disabled_event(3, 2, "2026-12-01T05:00:03.000000Z"), "action": "warned"}
+    write(
+        tmp_path, "a.json", document(1, [{"rule": "capture_disabled", "count": 2, "first": raised}])
+    )
+    write(tmp_path, "b.json", one_violation(2, 3))
+    write(
+        tmp_path, "c.json", document(3, [{"rule": "capture_disabled", "count": 1, "first": warned}])
+    )
+    status, out, _ = run(capsys, str(tmp_path))
+    lines = out.splitlines()
+    assert (status, lines[0], lines[3], lines[-3:]) == (
+        1,
+        "cgguard report: 3 processes on 1 host: 6 violations at 1 site (2 raised, 3 logged, "
+        "1 warned)",
+        "capture_disabled at /job/train.py:40 (in step): 6 in 3 processes (2 raised, 3 logged, "
+        "1 warned)",
+        [
+            f"  node-a pid 2  capture_disabled 3 (3 logged)  {tmp_path / 'b.json'}",
+            f"  node-a pid 1  capture_disabled 2 (2 raised)  {tmp_path / 'a.json'}",
+            f"  node-a pid 3  capture_disabled 1 (1 warned)  {tmp_path / 'c.json'}",
+        ],
+    )
+    merged = json.loads(run(capsys, "--format", "json", str(tmp_path))[1])
+    assert (
+        merged["actions"],
+        merged["violations"][0]["actions"],
+        [p["actions"] for p in merged["processes"]],
+    ) == (
+        {"raised": 2, "logged": 3, "warned": 1},
+        {"raised": 2, "logged": 3, "warned": 1},
+        [
+            {"raised": 2, "logged": 0},
+            {"raised": 0, "logged": 3},
+            {"raised": 0, "logged": 0, "warned": 1},
+        ],
+    )
+    rows = table(
+        run(capsys, "--format", "markdown", str(tmp_path))[1].splitlines(), "## Violations"
+    )
+    assert rows[2][2:5] == ["6", "2", "3"]
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "markdown"])
+def test_output_goes_to_the_file_named(
+    job: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], fmt: str
+) -> None:
+    """-o FILE holds what standard output would have, in every format; stdout stays empty."""
+    _, expected, _ = run(capsys, "--format", fmt, str(job))
+    out = tmp_path / "view.out"
+    out.write_text("older")
+    assert (run(capsys, "--format", fmt, "-o", str(out), str(job)), out.read_text()) == (
+        (1, "", ""),
+        expected,
+    )
+
+
+def test_an_output_that_cannot_be_written_is_one_line(
+    job: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """-o naming a folder, or a file in a folder that is not there: status 2, one line."""
+    missing = tmp_path / "nowhere" / "view.txt"
+    assert [run(capsys, "-o", str(path), str(job)) for path in (tmp_path, missing)] == [
+        (2, "", f"cgguard report: '{tmp_path}': cannot be written: Is a directory\n"),
+        (2, "", f"cgguard report: '{missing}': cannot be written: No such file or directory\n"),
+    ]
+
+
+def test_a_report_that_cannot_be_read_leaves_the_output_as_it_was(
+    job: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The output file is opened only once every report has been read: a bad path keeps it."""
+    out = tmp_path / "job.html"
+    out.write_text("yesterday's page")
+    bad = write(tmp_path, "bad.json", "{")
+    status, _, err = run(capsys, "--format", "html", "-o", str(out), str(job), str(bad))
+    assert (
+        status,
+        err.startswith(f"cgguard report: '{bad}': not a cgguard report"),
+        out.read_text(),
+    ) == (
+        2,
+        True,
+        "yesterday's page",
+    )

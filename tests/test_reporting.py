@@ -275,6 +275,9 @@ def config_section(**values: object) -> dict[str, Any]:
         "census": True,
         "census_replays": False,
         "metrics": None,
+        "log_level": "debug",
+        "manifest": True,
+        "rank_check": False,
         **values,
     }
 
@@ -536,6 +539,13 @@ def test_exit_summary_and_final_report(tmp_path: Path) -> None:
         rank=3,
         local_rank=1,
         world_size=8,
+        # A rank's capture manifest (docs/ranks.md): no capture reached torch here.
+        manifest={
+            "identity": {"rank": 3, "local_rank": 1, "world_size": 8},
+            "captures": [],
+            "per_site": {},
+            "later": 0,
+        },
     )
 
 
@@ -600,6 +610,8 @@ def test_report_is_kept_current_as_distinct_violations_appear(
     )
     function = "test_report_is_kept_current_as_distinct_violations_appear"
     a, b = frame("report-a", function), frame("report-b", function)
+    # A rank's capture manifest (docs/ranks.md): no capture reached torch here.
+    manifest = {"identity": ranks, "captures": [], "per_site": {}, "later": 0}
     first_a, first_b = disabled_event(a, 1, **ranks), disabled_event(b, 1, **ranks)
     seen = []
 
@@ -626,6 +638,7 @@ def test_report_is_kept_current_as_distinct_violations_appear(
             {"capture_disabled": 1},
             [{"rule": "capture_disabled", "count": 1, "first": first_a}],
             **ranks,
+            manifest=manifest,
         ),
         report_document(
             config,
@@ -635,6 +648,7 @@ def test_report_is_kept_current_as_distinct_violations_appear(
                 {"rule": "capture_disabled", "count": 1, "first": first_b},
             ],
             **ranks,
+            manifest=manifest,
         ),
         report_document(
             config,
@@ -644,6 +658,7 @@ def test_report_is_kept_current_as_distinct_violations_appear(
                 {"rule": "capture_disabled", "count": 2, "first": first_b},
             ],
             **ranks,
+            manifest=manifest,
         ),
     ]
     # The events carry the ranks too; the rewrites left no temporary file behind.

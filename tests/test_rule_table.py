@@ -21,11 +21,13 @@ EXCEPTIONS = {
     "dead_input": cgguard.DeadInputError,
     "stale_binding": cgguard.StaleBindingError,
     "rng_during_capture": cgguard.RngDuringCaptureError,
+    "first_use_in_capture": cgguard.FirstUseInCaptureError,
+    "rank_divergence": cgguard.RankDivergenceError,
 }
 
 
 def test_the_rules_and_their_exceptions() -> None:
-    """Eight rules, in the order they are checked, each with its own public exception."""
+    """Eleven rules, in the order they are checked, each with its own public exception."""
     assert {name: rule.error for name, rule in RULES.items()} == EXCEPTIONS
     assert list(NAMES) == list(EXCEPTIONS)
 

@@ -450,9 +450,11 @@ def test_environment_of_the_program(tmp_path: Path, old: str | None, expected: s
         python([*RUNNER, *RUNNER_OPTIONS, "sub/cgg_env.py"], tmp_path, env),
         b"cgguard: ignoring CGGUARD_OTHER: no such variable; the variables are CGGUARD_ENABLED, "
         b"CGGUARD_MODE, CGGUARD_LOG_FORMAT, CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, "
-        b"CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, "
-        b"CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, CGGUARD_PROFILES, CGGUARD_INSPECT, "
+        b"CGGUARD_LOG_LEVEL, CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, "
+        b"CGGUARD_VLLM_BRIDGE, CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, "
+        b"CGGUARD_PROFILES, CGGUARD_INSPECT, "
         b"CGGUARD_INSPECT_FIRST, CGGUARD_CENSUS, CGGUARD_CENSUS_REPLAYS, CGGUARD_METRICS, "
+        b"CGGUARD_MANIFEST, CGGUARD_RANK_CHECK, "
         b"CGGUARD_RULE_<RULE>\n",
     )
     assert {
@@ -856,7 +858,8 @@ def test_version(tmp_path: Path) -> None:
 RULE_ERROR = (
     "cgguard run: error: argument --rule: '{}': accepted values are RULE=ACTION with RULE one of "
     "capture_disabled, nested_capture, concurrent_capture, sync_during_capture, abandoned_capture, "
-    "implicit_sync, dead_input, stale_binding, rng_during_capture and ACTION one of "
+    "implicit_sync, dead_input, stale_binding, rng_during_capture, first_use_in_capture, "
+    "rank_divergence and ACTION one of "
     "raise, log, off\n"
 )
 
@@ -1089,6 +1092,7 @@ def test_program_importing_torch_is_guarded_as_configured(tmp_path: Path) -> Non
             "log_format": "json",
             "log_file": str(tmp_path / "cgg.log"),
             "log_target": "file",
+            "log_level": "debug",
             "report": str(tmp_path / "cgg_report.json"),
             "capture": "disabled",
             "simulate_cuda": True,
@@ -1102,6 +1106,8 @@ def test_program_importing_torch_is_guarded_as_configured(tmp_path: Path) -> Non
             "census": True,
             "census_replays": False,
             "metrics": None,
+            "manifest": True,
+            "rank_check": False,
         },
         "capture_enabled": False,
     }
@@ -1170,6 +1176,7 @@ def test_info_reports_versions_configuration_and_activation(tmp_path: Path) -> N
         "  log_format     json, or console when stderr is a terminal (default)",
         "  log_file       none         (default)",
         "  log_target     logging      (CGGUARD_LOG_TARGET)",
+        "  log_level      debug        (default)",
         "  report         cgg_report.json (CGGUARD_REPORT)",
         "  capture        as it is (enabled at start) (default)",
         "  simulate_cuda  False        (default)",
@@ -1186,6 +1193,8 @@ def test_info_reports_versions_configuration_and_activation(tmp_path: Path) -> N
         "  census         True         (default)",
         "  census_replays False        (default)",
         "  metrics        none         (default)",
+        "  manifest       True         (default)",
+        "  rank_check     False        (default)",
         "  rule           capture_disabled: log (from CGGUARD_MODE)",
         "  rule           nested_capture: log (from CGGUARD_MODE)",
         "  rule           concurrent_capture: log (default)",
@@ -1195,6 +1204,8 @@ def test_info_reports_versions_configuration_and_activation(tmp_path: Path) -> N
         "  rule           dead_input: log (from CGGUARD_MODE)",
         "  rule           stale_binding: log (from CGGUARD_MODE)",
         "  rule           rng_during_capture: log (from CGGUARD_MODE)",
+        "  rule           first_use_in_capture: log (default)",
+        "  rule           rank_divergence: log (default)",
         "  warning: ignoring CGGUARD_CAPTURE='sometimes': accepted values are enabled, disabled; "
         "using as it is (enabled at start)",
         "  warning: ignoring CGGUARD_RULE_NESTED_CAPTURE='warn': "
@@ -1244,3 +1255,42 @@ def test_info_reads_its_child_past_a_chatty_start_up(tmp_path: Path) -> None:
         f"(activated by {activated_by()})",
     )
     assert expected == (returncode, child)
+
+
+def test_run_help_says_what_each_option_does_and_the_variable_it_sets() -> None:
+    """Every option's help is a sentence of its own, more than the variable's name, and ends
+    by naming the variable the program receives."""
+    parser = run_parser()
+    helps = {
+        action.dest: action.help or ""
+        for action in parser._actions
+        if action.option_strings and action.dest != "help"
+    }
+    assert set(helps) == {*SETTINGS, "rule"}
+    for field, text in helps.items():
+        variable = SETTINGS[field].variable if field in SETTINGS else "CGGUARD_RULE_<RULE>"
+        assert f"({variable})" in text, field
+        said = text.replace(f"({variable})", "").replace(variable, "")
+        assert not said.lstrip().startswith("sets"), field
+        assert len(said.split()) >= 8, (field, text)
+    assert "{pid}" in helps["report"]
+
+
+def test_run_help_examples_are_command_lines_the_runner_accepts() -> None:
+    """Each example in ``cgguard run --help`` parses: its options are the runner's, and a program
+    follows them."""
+    import shlex
+
+    from cgguard._commands.run import _split_run
+
+    parser = run_parser()
+    examples = [
+        shlex.split(line)[2:]
+        for line in (parser.epilog or "").splitlines()
+        if line.startswith("  cgguard run ")
+    ]
+    assert len(examples) >= 4
+    for argv in examples:
+        options, command, _ = _split_run(argv)
+        parser.parse_args(options)
+        assert command, argv

@@ -112,6 +112,9 @@ def test_every_schema_type_is_one_the_check_knows() -> None:
         "CensusReport",
         "ExemptedEvent",
         "ExemptedSiteCount",
+        "ManifestCapture",
+        "ManifestCollective",
+        "ManifestDocument",
         "ReportDocument",
         "ReportExempted",
         "ReportViolation",
@@ -140,6 +143,7 @@ def test_the_report_s_keys_required_and_optional() -> None:
             {"host", "rank", "local_rank", "world_size", "exempted_totals", "exempted", "job"}
             | {"schema"}
             | {"captures", "cudagraph_skips"}
+            | {"manifest"}
         ),
     )
 

@@ -189,6 +189,8 @@ def test_rule_variables_name_every_rule() -> None:
             "CGGUARD_RULE_DEAD_INPUT": "dead_input",
             "CGGUARD_RULE_STALE_BINDING": "stale_binding",
             "CGGUARD_RULE_RNG_DURING_CAPTURE": "rng_during_capture",
+            "CGGUARD_RULE_FIRST_USE_IN_CAPTURE": "first_use_in_capture",
+            "CGGUARD_RULE_RANK_DIVERGENCE": "rank_divergence",
         },
         ("raise", "log", "off"),
     )
@@ -230,7 +232,8 @@ def test_misspelt_rule_variable_is_reported() -> None:
         "CGGUARD_RULE_CAPTURE_DISABLED, CGGUARD_RULE_NESTED_CAPTURE, "
         "CGGUARD_RULE_CONCURRENT_CAPTURE, CGGUARD_RULE_SYNC_DURING_CAPTURE, "
         "CGGUARD_RULE_ABANDONED_CAPTURE, CGGUARD_RULE_IMPLICIT_SYNC, CGGUARD_RULE_DEAD_INPUT, "
-        "CGGUARD_RULE_STALE_BINDING, CGGUARD_RULE_RNG_DURING_CAPTURE"
+        "CGGUARD_RULE_STALE_BINDING, CGGUARD_RULE_RNG_DURING_CAPTURE, "
+        "CGGUARD_RULE_FIRST_USE_IN_CAPTURE, CGGUARD_RULE_RANK_DIVERGENCE"
     ]
 
 
@@ -299,6 +302,7 @@ def test_runner_options_are_the_settings() -> None:
         "log_format",
         "log_file",
         "log_target",
+        "log_level",
         "report",
         "capture",
         "simulate_cuda",
@@ -312,6 +316,8 @@ def test_runner_options_are_the_settings() -> None:
         "census",
         "census_replays",
         "metrics",
+        "manifest",
+        "rank_check",
     ]
 
 
@@ -355,10 +361,11 @@ def test_unknown_variable_without_a_close_name_lists_the_variables() -> None:
         [
             "ignoring CGGUARD_XYZZY: no such variable; the variables are CGGUARD_ENABLED, "
             "CGGUARD_MODE, CGGUARD_LOG_FORMAT, CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, "
-            "CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, "
+            "CGGUARD_LOG_LEVEL, CGGUARD_REPORT, CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, "
+            "CGGUARD_VLLM_BRIDGE, "
             "CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, CGGUARD_WINDOW, CGGUARD_PROFILES, "
             "CGGUARD_INSPECT, CGGUARD_INSPECT_FIRST, CGGUARD_CENSUS, CGGUARD_CENSUS_REPLAYS, "
-            "CGGUARD_METRICS, CGGUARD_RULE_<RULE>"
+            "CGGUARD_METRICS, CGGUARD_MANIFEST, CGGUARD_RANK_CHECK, CGGUARD_RULE_<RULE>"
         ],
     )
     assert expected == _settings.read({"CGGUARD_XYZZY": "1"})
@@ -426,10 +433,12 @@ LONG = "x" * 10_000
             {"CGGUARD_" + LONG: "1"},
             f"ignoring CGGUARD_{'x' * 192}... (10008 characters): no such variable; "
             "the variables are CGGUARD_ENABLED, CGGUARD_MODE, CGGUARD_LOG_FORMAT, "
-            "CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, CGGUARD_REPORT, CGGUARD_CAPTURE, "
-            "CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, CGGUARD_EXEMPT, CGGUARD_EXEMPT_FILE, "
+            "CGGUARD_LOG_FILE, CGGUARD_LOG_TARGET, CGGUARD_LOG_LEVEL, CGGUARD_REPORT, "
+            "CGGUARD_CAPTURE, CGGUARD_SIMULATE_CUDA, CGGUARD_VLLM_BRIDGE, CGGUARD_EXEMPT, "
+            "CGGUARD_EXEMPT_FILE, "
             "CGGUARD_WINDOW, CGGUARD_PROFILES, CGGUARD_INSPECT, CGGUARD_INSPECT_FIRST, "
-            "CGGUARD_CENSUS, CGGUARD_CENSUS_REPLAYS, CGGUARD_METRICS, CGGUARD_RULE_<RULE>",
+            "CGGUARD_CENSUS, CGGUARD_CENSUS_REPLAYS, CGGUARD_METRICS, CGGUARD_MANIFEST, "
+            "CGGUARD_RANK_CHECK, CGGUARD_RULE_<RULE>",
         ),
     ],
 )

@@ -443,10 +443,10 @@ def test_cgguard_info_shows_the_windows() -> None:
     environ = {"CGGUARD_WINDOW": f"{WINDOW},fw.runner:FLAG,oops"}
     expected = [
         "  enabled        (unset)      (CGGUARD_ENABLED)",
-        *DEFAULT_CONFIGURATION[:10],
+        *DEFAULT_CONFIGURATION[:11],
         f"  window         {WINDOW} (CGGUARD_WINDOW)",
         "  window         fw.runner:FLAG (CGGUARD_WINDOW)",
-        *DEFAULT_CONFIGURATION[11:],
+        *DEFAULT_CONFIGURATION[12:],
         f"  warning: ignoring the capture window 'oops' in CGGUARD_WINDOW: an entry is {SYNTAX}",
     ]
     assert expected == _configuration(environ)

@@ -22,7 +22,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from cgguard import _boot
-from cgguard._data.census import skip_reason
+from cgguard._census.skip_classes import NO_REASON, skip_class
 from cgguard._support.frames import innermost_visible, snapshot_from
 from cgguard._support.warn import warn_once
 
@@ -35,7 +35,6 @@ MODULE = "torch._dynamo.utils"
 KEY = "cudagraph_skips"
 # The function most skips go through, whose argument is torch's message.
 _LOGGING_FUNCTION = "log_cudagraph_skip_and_bump_counter"
-NO_REASON = "no reason given by torch"
 
 
 class CountingCounter(collections.Counter[str]):
@@ -148,9 +147,11 @@ class CompileSkips:
                 census.skipped(message, where)
             metrics = reporter.metrics.active() if reporter.metrics is not None else None
             if metrics is not None:
-                reason = skip_reason(message)
+                # Labelled by its class: torch's message names nodes, devices and the
+                # user's code, values a metric's label must not take.
+                cause = skip_class(message)
                 for _ in range(count):
-                    metrics.skipped(reason)
+                    metrics.skipped(cause)
             if reporter.report is not None:
                 reporter.report.changed(new_site=False)
         except Exception as exc:

@@ -26,10 +26,14 @@ class CensusWatcher(Watcher):
 
     ``memory`` gives the memory probe of the capture path once torch is patched (None where
     there is nothing to ask); ``changed``, if any, is told after each capture (the report);
-    ``counted`` too (the metrics). A plain capture (unmeasured, its replays not counted,
-    neither report nor metrics told, ended) costs a comparison with the last capture's site,
-    one list appended to its site's pending list and a clock reading at its begin, and the
-    capture path's stamp at its end; anything else is counted as it ends, under the lock.
+    ``counted`` too (the metrics); ``replayed``, if any, of each replay counted (the metrics:
+    told 0 at the first capture, so that the metric shows 0 until the first replay). ``prepare``,
+    if any, runs once before the first capture's clock starts: a one-time set-up that a
+    watcher told after this one would otherwise pay inside that capture (inspection's). A
+    plain capture (unmeasured, its replays not counted, neither report nor metrics told,
+    ended) costs a comparison with the last capture's site, one list appended to its site's
+    pending list and a clock reading at its begin, and the capture path's stamp at its end;
+    anything else is counted as it ends, under the lock.
     """
 
     def __init__(
@@ -40,11 +44,15 @@ class CensusWatcher(Watcher):
         memory: Callable[[], Callable[[], Memory | None] | None],
         changed: Callable[[], None] | None = None,
         counted: Callable[[str, float, int | None], None] | None = None,
+        replayed: Callable[[int], None] | None = None,
+        prepare: Callable[[], None] | None = None,
     ) -> None:
         self.census = census
         self.wants_replays = replays
         census.replays = replays
         self._memory = memory
+        self._replayed = replayed if replays else None
+        self._prepare = prepare
         self._probe: Any = _UNKNOWN  # the memory probe, asked for at the first capture
         # Whether a capture that reads no memory needs only its end stamped (nothing else to
         # tell), and whether every capture is such a one (nothing to read): both known at the
@@ -85,6 +93,10 @@ class CensusWatcher(Watcher):
         waiting to be counted at their bound: a token closed() is told of, not a stamped one."""
         probe = self._probe
         if probe is _UNKNOWN:
+            if self._prepare is not None:
+                self._prepare()  # before the clock: not this capture's time
+            if self._replayed is not None:
+                self._replayed(0)
             probe = self._probe = self._memory()
             self._stamped = (
                 not self.wants_replays and self._changed is None and self._counted is None
@@ -149,7 +161,8 @@ class CensusWatcher(Watcher):
             self._counted(REFUSED, 0.0, None)
 
     def replaying(self, graph: Any) -> None:
-        self.census.replayed(graph)
+        if self.census.replayed(graph) and self._replayed is not None:
+            self._replayed(1)
 
 
 _UNKNOWN: Any = object()

@@ -32,6 +32,7 @@ Mode = Literal["raise", "log"]
 Action = Literal["raise", "log", "off"]
 LogFormat = Literal["json", "console"]
 LogTarget = Literal["stderr", "file", "logging"]
+LogLevel = Literal["debug", "info", "warning", "error"]
 Capture = Literal["enabled", "disabled"]
 Profiles = Literal["log", "raise", "off"]
 Metrics = Literal["prometheus"]
@@ -93,7 +94,12 @@ class Config:
     every capture per site, and torch.compile's skipped cudagraphs (docs/census.md);
     ``census_replays``: count each graph's replays too, which hooks CUDAGraph.replay.
     ``metrics``: "prometheus" registers cgguard's counters with prometheus_client's default
-    registry (docs/integrations.md#prometheus-metrics).
+    registry (docs/integrations.md#prometheus-metrics). ``log_level``: the least severe
+    event written to the log ("debug", "info", "warning", "error"); the report, the census,
+    the metrics and the pytest plugin still see every event. ``manifest``: keep the capture
+    manifest (each capture in order, with the collectives issued in it) where the process is one
+    rank of a job; ``rank_check``: compare it across the ranks when a capture window closes
+    (docs/ranks.md).
     """
 
     # The types are here for type checkers; values and defaults come from cgguard._config.settings.
@@ -115,6 +121,9 @@ class Config:
     census: bool = dataclasses.field(default=SETTINGS["census"].default)
     census_replays: bool = dataclasses.field(default=SETTINGS["census_replays"].default)
     metrics: Metrics | None = dataclasses.field(default=SETTINGS["metrics"].default)
+    log_level: LogLevel = dataclasses.field(default=SETTINGS["log_level"].default)
+    manifest: bool = dataclasses.field(default=SETTINGS["manifest"].default)
+    rank_check: bool = dataclasses.field(default=SETTINGS["rank_check"].default)
 
     if TYPE_CHECKING:
         # What type checkers see of the __init__ that dataclasses writes: it takes the paths
@@ -139,6 +148,9 @@ class Config:
             census: bool = ...,
             census_replays: bool = ...,
             metrics: Metrics | None = ...,
+            log_level: LogLevel = ...,
+            manifest: bool = ...,
+            rank_check: bool = ...,
         ) -> None: ...
 
     def __post_init__(self) -> None:

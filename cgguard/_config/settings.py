@@ -9,6 +9,7 @@ derived from ``SETTINGS`` and from the rule table (one CGGUARD_RULE_<RULE> per r
 # interpreter's start-up).
 import os
 
+from cgguard import _boot
 from cgguard._boot import ENABLED
 from cgguard._rules.table import ACTIONS, NAMES
 
@@ -33,6 +34,9 @@ WINDOW_SYNTAX = (
     "module attribute, a ContextVar or a threading.local's attribute (module:local.attr), "
     "true while captures belong"
 )
+
+# The levels of cgguard's events, least severe first (CGGUARD_LOG_LEVEL).
+LEVELS = ("debug", "info", "warning", "error")
 
 PREFIX = "CGGUARD_"
 RULE_PREFIX = "CGGUARD_RULE_"
@@ -113,6 +117,9 @@ SETTINGS: "dict[str, Setting]" = {
         Setting(
             "log_target", ("stderr", "file", "logging"), None, "stderr, or the log file when set"
         ),
+        # The least severe event written to the log; every event still reaches the report,
+        # the census, the metrics and pytest's plugin.
+        Setting("log_level", LEVELS, "debug"),
         Setting("report", PATH, None, "none"),
         Setting("capture", ("enabled", "disabled"), None, "as it is (enabled at start)"),
         Setting("simulate_cuda", BOOL, False),
@@ -128,6 +135,9 @@ SETTINGS: "dict[str, Setting]" = {
         Setting("census", BOOL, True),
         Setting("census_replays", BOOL, False),
         Setting("metrics", ("prometheus",), None, "none"),
+        # The capture manifest, where the process is one rank of a job, and its live check.
+        Setting("manifest", BOOL, True),
+        Setting("rank_check", BOOL, False),
     )
 }
 
@@ -378,6 +388,14 @@ def _unknown(name: str) -> str:
     return f"ignoring {_named(name)}: no such {what}; {hint}"
 
 
+def _no_such(name: str) -> str:
+    """ "no such variable", with the known name closest to ``name`` where one is close."""
+    rule = name.startswith(RULE_PREFIX)
+    close = _closest(name, tuple(RULE_VARIABLES) if rule else VARIABLES)
+    what = "rule" if rule else "variable"
+    return f"no such {what}; did you mean {close}?" if close else f"no such {what}"
+
+
 def _closest(name: str, known: "tuple[str, ...]") -> "str | None":
     """The known name most like ``name``, if one is close enough to be the one meant."""
     # Only here, with a name already known to be wrong: difflib brings re and enum with it,
@@ -418,3 +436,39 @@ def activation_says_on(default: bool) -> bool:
         for line in read(os.environ)[2]:
             warn_once(line, line)
     return on
+
+
+def say_if_off(_: object = None) -> None:
+    """One line if CGGUARD_* variables are set and nothing has switched cgguard on: the
+    ``cgguard.pth`` line's watch, called when torch is imported."""
+    if _boot.activated_by is not None or _boot.switchers:
+        return
+    line = unheeded("before torch was imported")
+    if line is not None:
+        from cgguard._support.warn import warn_once
+
+        warn_once("off", line)
+
+
+def unheeded(when: str) -> "str | None":
+    """The line saying that the set CGGUARD_* variables go unheeded, cgguard being off ``when``
+    ("before torch was imported"); None where none is set, or CGGUARD_ENABLED is (off: the
+    choice is made)."""
+    if os.environ.get(ENABLED, "").strip():
+        return None
+    names = sorted(n for n in os.environ if n.startswith(PREFIX) and n != REPORT_OWNER)
+    if not names:
+        return None
+    unknown = [n for n in names if _is_unknown(n)]
+    verb = "is" if len(unknown or names) == 1 else "are"
+    if unknown:
+        # The likely cause first: a misspelt on-switch is a name cgguard does not read.
+        said = ", ".join(f"{_named(n)} ({_no_such(n)})" for n in unknown)
+        return f"{said} {verb} set, and nothing switched cgguard on {when}: {UNGUARDED}"
+    said = ", ".join(_named(n) for n in names)
+    return (
+        f"{said} {verb} set, but nothing switched cgguard on {when} ({ENABLED}=1 does): {UNGUARDED}"
+    )
+
+
+UNGUARDED = "captures are not guarded"

@@ -110,9 +110,10 @@ class Installation:
         the fork would never be released here.
         """
         old = self.reporter
-        census = old.run.census
+        census, manifest = old.run.census, old.run.manifest
         census.after_fork()
-        run = Run(census)
+        manifest.after_fork()
+        run = Run(census, manifest)
         report = ReportFile(old.config, run, write_now=False) if old.report is not None else None
         exemptions = Exemptions(old.exemptions.pairs) if old.exemptions is not None else None
         self.reporter = Reporter(

@@ -284,18 +284,20 @@ class Census:
                 site.graphs_tracked += 1
                 self._graphs[graph] = [site, False]
 
-    def replayed(self, graph: Any) -> None:
-        """Count one replay of ``graph``, if it was captured while replays were counted."""
+    def replayed(self, graph: Any) -> bool:
+        """Count one replay of ``graph``, if it was captured while replays were counted;
+        whether it was."""
         with self._lock:
             entry = self._graphs.get(graph)
             if entry is None:
-                return
+                return False
             site = entry[0]
             site.replays += 1
             site.version += 1
             if not entry[1]:
                 entry[1] = True
                 site.graphs_replayed += 1
+        return True
 
     def skipped(self, message: str, where: tuple[CodeType | None, int]) -> bool:
         """Count one cudagraph torch.compile skipped, with torch's ``message``, at the user's
@@ -524,7 +526,9 @@ def skip_reason(message: str) -> str:
     text = message.strip()
     while text.startswith(SKIP_PREFIX):  # torch repeats it for a reason it formatted itself
         text = text[len(SKIP_PREFIX) :]
-    text = text.split(". Found from", 1)[0]
+    # "Found from" follows a reason after ". " or, for an incompatible op
+    # (torch/_inductor/compile_fx.py), after a space alone.
+    text = text.split("Found from", 1)[0]
     text = _PARENTHESES.sub("", text)
     text = text.split(":", 1)[0]
     text = _NUMBER.sub("N", text)

@@ -11,6 +11,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from cgguard._data.census import Census
+from cgguard._data.manifest import Manifest
 from cgguard._data.site import Site
 
 if TYPE_CHECKING:
@@ -121,14 +122,15 @@ class Run:
     its own violations: reports summed across a job must not count the parent's twice.
     """
 
-    __slots__ = ("census", "ledger", "tally")
+    __slots__ = ("census", "ledger", "manifest", "tally")
 
-    def __init__(self, census: Census | None = None) -> None:
+    def __init__(self, census: Census | None = None, manifest: Manifest | None = None) -> None:
         self.ledger = Ledger()
         self.tally = Tally()
-        # A forked child's run keeps the census object, emptied, since the capture path's
-        # watcher holds it (Installation.after_fork).
+        # A forked child's run keeps the census and manifest objects, emptied, since the
+        # capture path's watchers hold them (Installation.after_fork).
         self.census = census if census is not None else Census()
+        self.manifest = manifest if manifest is not None else Manifest()
 
     def seen(self) -> bool:
         """Whether anything was counted."""

@@ -215,6 +215,38 @@ class CensusEvent(_Ranked):
     cudagraph_skips: list[SkipEntry]
 
 
+class ManifestCollective(TypedDict):
+    """One collective issued inside a capture, on the capturing thread (cgguard._data.manifest)."""
+
+    op: str  # torch.distributed's function: "all_reduce", "all_gather_into_tensor", ...
+    ranks: list[int] | None  # the group's global ranks; null where torch.distributed cannot say
+    dtype: str | None  # the payload's, "float32"; null for a barrier
+    numel: Count  # the payload's elements (summed over a list of tensors)
+
+
+class _ManifestCaptureOptional(TypedDict, total=False):
+    collectives_dropped: Positive  # collectives past the ones kept
+
+
+class ManifestCapture(_ManifestCaptureOptional):
+    """One capture of a process, in the order begun."""
+
+    site: str  # "file:line (in function)", or "an unknown site"
+    key: str  # "call N" (its ordinal at its site), or "N inputs DIGEST" where inspection saw them
+    outcome: str  # the census's: "ended", "failed", "refused", "abandoned"; "open" while under way
+    collectives: list[ManifestCollective]
+
+
+class ManifestDocument(TypedDict):
+    """A process's capture manifest: its rank identity, its captures in order (the first
+    ones, cgguard._data.manifest.KEPT), and every capture counted per site."""
+
+    identity: dict[str, int | str]  # rank, local_rank, world_size, dist_rank, dist_world_size
+    captures: list[ManifestCapture]
+    per_site: dict[str, Positive]
+    later: Count  # captures past those kept in order
+
+
 class _ReportOptional(_Ranked, total=False):
     # Keys a report written before they existed lacks; later sections are optional too.
     host: str  # so that reports gathered from several machines merge (cgguard report)
@@ -224,6 +256,7 @@ class _ReportOptional(_Ranked, total=False):
     schema: Positive  # REPORT_SCHEMA; absent in version 1
     captures: list[CaptureEntry]  # the census (version 2), where it was on
     cudagraph_skips: list[SkipEntry]
+    manifest: ManifestDocument  # where the process has a rank identity and the manifest is on
 
 
 class ReportDocument(_ReportOptional):

@@ -107,6 +107,9 @@ class Windows:
         self.closed: tuple[str, str, Snapshot] | None = None
         # Called once when the first window is entered: joins the followed flags.
         self.on_entered: Callable[[], None] = _nothing
+        # Told each time these windows close, with the entry that closed them (the live check
+        # of a job's ranks registers here): the registry's one list, shared by every set.
+        self.on_closed: list[Callable[[str], None]] = []
 
     @property
     def label(self) -> str | None:
@@ -143,6 +146,8 @@ class Windows:
         or (``what`` WITH_ENDED) the last ``with`` body of a context window ended there; or
         (``what`` SUSPENDED) the last generator or coroutine running one gave way to it."""
         self.closed = (entry, what or RETURNED, snapshot_from(caller))
+        for listener in self.on_closed:
+            listener(entry)
 
     def enabled(self, stack: Snapshot | LiveStack | None = None) -> bool:
         """Whether these windows alone let a capture begin now: inside an open window, or

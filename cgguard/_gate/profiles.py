@@ -228,6 +228,7 @@ class _Active:
         self.registry = registry
         self.windows = Windows(profile.name)
         self.windows.on_entered = functools.partial(registry.join, self.windows)
+        self.windows.on_closed = registry.closing
         self.entries = [
             registry.entry(w.entry, self.windows, read=w.read, context=w.context, quiet=True)
             for w in profile.windows

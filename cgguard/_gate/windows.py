@@ -607,6 +607,9 @@ class WindowRegistry:
         # the one set they make.
         self.declared: dict[str, Entry] = {}
         self.windows = Windows()
+        # What is told each time a set of windows closes, declared or a profile's.
+        self.closing: list[Callable[[str], None]] = []
+        self.windows.on_closed = self.closing
 
     def join(self, windows: Windows) -> None:
         """Put ``windows`` among what may disable capture: from now on every capture asks them."""

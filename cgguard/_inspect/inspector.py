@@ -38,7 +38,7 @@ from cgguard._inspect import bindings as _bindings
 from cgguard._inspect import lifecycle as _lifecycle
 from cgguard._inspect import liveness as _liveness
 from cgguard._inspect import rebinding as _rebinding
-from cgguard._inspect.mode import mode_type, push_below, remove_mode
+from cgguard._inspect.mode import mode_type, prepare, push_below, remove_mode
 from cgguard._inspect.rng import RNG_FUNCTIONS, rng_refused
 from cgguard._inspect.sync_ops import syncs
 from cgguard._rules.record import BEGAN_AT, ENDED, FAILED, MODE
@@ -152,6 +152,20 @@ class InspectedCapture:
         self.waited(name)
 
 
+def inputs_key(graph: Any) -> str | None:
+    """What a graph captured under inspection read from outside it, as one key: the number of
+    its external inputs and a digest of their dtypes and shapes, in the order first read (the
+    capture manifest's key, cgguard._ranks). None where the capture noted no inputs."""
+    inputs = getattr(graph, "__dict__", {}).get(_INPUTS)
+    if inputs is None:
+        return None
+    import hashlib
+
+    described = "\n".join(item.described for item in inputs.external)
+    digest = hashlib.blake2b(described.encode(), digest_size=6).hexdigest()
+    return f"{len(inputs.external)} inputs {digest}"
+
+
 class Inspector(Watcher):
     """The watcher of every capture while inspection is on (``Config(inspect=True)``)."""
 
@@ -175,6 +189,9 @@ class Inspector(Watcher):
         # (cgguard._core.watcher.forget_graph, at every capture_begin, inspected or not).
         if self.first is not None and not self._counts(record):
             return None
+        # torch's one-time set-up, before capture_begin (the census, told first, did it before
+        # its clock where it counts).
+        prepare()
         capture = InspectedCapture(self, graph, record, live=not _torch_tracks(args, kwargs))
         capture.enter()
         return capture

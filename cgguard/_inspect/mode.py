@@ -269,6 +269,26 @@ def mode_type() -> type:  # noqa: PLR0915 - the class and the helpers it closes 
     return InspectionMode
 
 
+@functools.cache
+def prepare() -> None:
+    """torch's one-time set-up of the mode, done once, outside any capture.
+
+    torch wraps a dispatch mode's ``__torch_dispatch__`` so that dynamo skips it
+    (torch/utils/_python_dispatch.py, ``TorchDispatchMode.__init_subclass__``, through
+    ``torch._disable_dynamo``), and that wrapper imports torch._dynamo at its first call
+    (torch/_compile.py, ``_disable_dynamo``): about a second here, which the first op of the
+    first inspected capture would otherwise pay between capture_begin and capture_end, in the
+    census's time of that capture. Where torch does not wrap it, there is nothing to do.
+    Cached: each later call is one look-up.
+    """
+    try:
+        dispatch = vars(mode_type()).get("__torch_dispatch__")
+        if getattr(dispatch, "__wrapped__", None) is not None:
+            import torch._dynamo  # noqa: F401 - the import is the set-up
+    except Exception as exc:
+        warn_once("inspect:prepare", f"could not prepare inspection's dispatch mode: {exc!r}")
+
+
 def _entry(func: Any) -> SyncOp | None:
     try:
         return SYNC_OPS.get(str(func._schema.name))

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from cgguard._config.config import Config
     from cgguard._data.census import Census
     from cgguard._data.ledger import Ledger, RuleSite, Tally
+    from cgguard._data.manifest import Manifest
     from cgguard._data.schema import (
         CaptureEntry,
         CensusEvent,
@@ -253,9 +254,14 @@ def census(counted: Census) -> CensusEvent:
 
 
 def document(
-    config: Config, ledger: Ledger, exempt: Tally | None = None, counted: Census | None = None
+    config: Config,
+    ledger: Ledger,
+    exempt: Tally | None = None,
+    counted: Census | None = None,
+    manifest: Manifest | None = None,
 ) -> ReportDocument:
-    """The JSON report as a JSON-ready value; with the census's sections where it is on."""
+    """The JSON report as a JSON-ready value; with the census's sections where it is on, and
+    the capture manifest where it is recorded."""
     violations: list[ReportViolation] = [
         {"rule": site.rule, "count": site.count, "first": cast("ViolationEvent", site.first)}
         for site in ledger.sites()
@@ -284,4 +290,6 @@ def document(
     )
     if counted is not None and config.census:
         doc.update(captures=counted.captures(), cudagraph_skips=counted.skips())
+    if manifest is not None and manifest.recording:
+        doc["manifest"] = manifest.document()
     return cast("ReportDocument", doc)

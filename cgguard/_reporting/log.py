@@ -13,8 +13,8 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from cgguard._config.settings import shown
-from cgguard._data.census_merge import site_text, skip_text
+from cgguard._config.settings import LEVELS, shown
+from cgguard._data.census_merge import counted, place_text, site_text, skip_text
 from cgguard._rules.table import RULES
 from cgguard._support.frames import format_frames
 from cgguard._support.text import safe
@@ -170,6 +170,38 @@ def _census_as_text(_: object, __: str, event_dict: MutableMapping[str, Any]) ->
     return event_dict
 
 
+def _summary_as_text(_: object, __: str, event_dict: MutableMapping[str, Any]) -> Any:
+    """The exit summary as the census is shown: one line of totals, then a line per site."""
+    if event_dict.get("event") != "cgguard.summary":
+        return event_dict
+    totals: dict[str, int] = event_dict.pop("totals", None) or {}
+    sites: list[dict[str, Any]] = event_dict.pop("sites", None) or []
+    exempted_totals: dict[str, int] = event_dict.pop("exempted_totals", None) or {}
+    exempted: list[dict[str, Any]] = event_dict.pop("exempted_sites", None) or []
+    said = counted(sum(totals.values()), "violation")
+    if totals:
+        said += f" at {counted(len(sites), 'site')}: " + ", ".join(
+            f"{safe(rule)} {count}" for rule, count in totals.items()
+        )
+    if exempted_totals:
+        said += f"; {counted(sum(exempted_totals.values()), 'exempted capture')}"
+    event_dict["message"] = said
+    lines = []
+    if sites:
+        lines.append("violations by site:")
+        lines += [f"  {place_text(site)}: {safe(site['rule'])} {site['count']}" for site in sites]
+    if exempted:
+        lines.append("exempted captures by site:")
+        lines += [
+            f"  {place_text(site)}: {safe(site['rule'])} {site['count']} "
+            f"(exemption {shown(site['exemption'])})"
+            for site in exempted
+        ]
+    if lines:
+        event_dict["stack"] = "\n".join(lines)
+    return event_dict
+
+
 class _Quoted:
     """A field's text that a terminal would act on: the console shows it as repr() writes it.
 
@@ -213,6 +245,7 @@ def console_processors(colors: bool) -> list[Processor]:
 
     return [
         _stacks_as_text,
+        _summary_as_text,
         _census_as_text,
         _safe_fields,
         structlog.dev.ConsoleRenderer(colors=colors),
@@ -224,6 +257,10 @@ def json_processors() -> list[Processor]:
     import structlog
 
     return [_event_first, structlog.processors.JSONRenderer()]
+
+
+# For each least level written, the levels left out.
+_QUIET_BELOW = tuple(frozenset(LEVELS[:i]) for i in range(len(LEVELS)))
 
 
 class EventLog:
@@ -238,9 +275,13 @@ class EventLog:
         log_file: str | None = None,
         *,
         target: str | None = None,
+        level: str = "debug",
         processors: list[Processor] | None = None,
     ) -> None:
         self.log_format = log_format
+        # Events less severe than this are not written (CGGUARD_LOG_LEVEL).
+        self.level = level
+        self._least = LEVELS.index(level)
         # Resolved once: a program that changes directory must not scatter its log.
         self.log_file = os.path.abspath(log_file) if log_file else log_file
         self.target = target or ("file" if log_file else "stderr")
@@ -253,9 +294,11 @@ class EventLog:
 
     def emit(self, event: Mapping[str, object]) -> None:
         """Report one event; cgguard's own failures here are a warning, never an exception."""
+        level = str(event.get("level", "error"))
+        if level in _QUIET_BELOW[self._least]:
+            return
         fields = dict(event)
         name = fields.pop("event")
-        level = str(fields.get("level", "error"))
         try:
             getattr(self._bound(), level)(name, **fields)
         except OSError as exc:
@@ -275,7 +318,11 @@ class EventLog:
     def anew(self) -> EventLog:
         """The same log, made again: a forked child's, whose locks no parent thread holds."""
         return EventLog(
-            self.log_format, self.log_file, target=self.target, processors=self._processors
+            self.log_format,
+            self.log_file,
+            target=self.target,
+            level=self.level,
+            processors=self._processors,
         )
 
     def close(self) -> None:
@@ -313,7 +360,7 @@ class EventLog:
                 interactive = isinstance(sink, _StderrSink) and _isatty(sys.stderr)
                 fmt = "console" if interactive else "json"
             if fmt == "console":
-                colors = isinstance(sink, _StderrSink) and _isatty(sys.stderr)
+                colors = isinstance(sink, _StderrSink) and wants_colors(sys.stderr, os.environ)
                 processors = console_processors(colors)
             else:
                 processors = json_processors()
@@ -329,3 +376,17 @@ def _isatty(stream: object) -> bool:
         return bool(stream.isatty())  # type: ignore[attr-defined]
     except Exception:
         return False
+
+
+def wants_colors(stream: object, environ: Mapping[str, str]) -> bool:
+    """Whether console events on ``stream`` are coloured: as Python 3.13 decides for its own
+    tracebacks, ``NO_COLOR`` (no-color.org) set and not empty turns colours off, then
+    ``FORCE_COLOR`` set and not empty turns them on even off a terminal (a CI log), then a
+    ``TERM`` of ``dumb`` turns them off; otherwise a terminal gets them."""
+    if environ.get("NO_COLOR"):
+        return False
+    if environ.get("FORCE_COLOR"):
+        return True
+    if environ.get("TERM") == "dumb":
+        return False
+    return _isatty(stream)

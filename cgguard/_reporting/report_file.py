@@ -76,6 +76,7 @@ class ReportFile:
         self.ledger = run.ledger
         self.exempt = run.tally  # captures let through by exemptions, counted beside the ledger
         self.census = run.census  # every capture, per site (cgguard._data.census)
+        self.manifest = run.manifest  # the captures in order, where ranks are compared
         # Resolved once: a program that changes directory must not scatter its reports.
         self.template = os.path.abspath(config.report)
         self.job: str | None = None  # the run sharing this path, where the path has no {pid}
@@ -139,7 +140,7 @@ class ReportFile:
             with self._lock:
                 if not self._may_replace(path):
                     return
-                body = document(self.config, self.ledger, self.exempt, self.census)
+                body = document(self.config, self.ledger, self.exempt, self.census, self.manifest)
                 if self.job is not None:
                     body["job"] = self.job
                 text = self._encode(cast("dict[str, object]", body)) + "\n"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, cast
 
 from cgguard._reporting import events as _events
 from cgguard._rules.record import API, BEGAN_AT, MODE, QUERIES, THREAD, Disabler
-from cgguard._rules.table import BLAMES_FLAG, BLAMES_THREAD, RULES, Cause
+from cgguard._rules.table import BLAMES_FLAG, BLAMES_RANKS, BLAMES_THREAD, RULES, Cause
 from cgguard._support.frames import Stack
 from cgguard._support.threads import this_thread
 from cgguard._support.warn import warn_once
@@ -334,6 +334,10 @@ def _event(
 ) -> ViolationEvent:
     """The full event of one violation, its cause told as its rule's table entry says."""
     blames = RULES[rule].blames
+    if blames == BLAMES_RANKS:
+        # The cause is on other ranks: what the check found, told in ``why``.
+        told = Cause("", why=why)
+        return _events.violation(rule, api, stack, None, told, action=action, count=count)
     if blames == BLAMES_FLAG or cause is None:
         disabler = cast("Disabler | None", cause)
         label, origin, how = disabler[:3] if disabler is not None else (None, None, "")

@@ -13,8 +13,10 @@ from cgguard._errors import (
     CaptureViolation,
     ConcurrentCaptureError,
     DeadInputError,
+    FirstUseInCaptureError,
     ImplicitSyncError,
     NestedCaptureError,
+    RankDivergenceError,
     RngDuringCaptureError,
     StaleBindingError,
     SyncDuringCaptureError,
@@ -34,6 +36,7 @@ WHY_CAPTURING_STREAM = "capturing_stream"
 BLAMES_FLAG = "flag"  # the flag that disables capture, and where it was disabled
 BLAMES_CAPTURE = "capture"  # another capture, and where it began
 BLAMES_THREAD = "thread"  # the thread that ended while its capture was active
+BLAMES_RANKS = "ranks"  # the other ranks of the job, which captured otherwise
 
 # vLLM's own words for the same rule, so that searches for its error find this one too.
 DISABLED_SENTENCE = (
@@ -245,6 +248,25 @@ def _rng(head: str, cause: Cause) -> str:
     )
 
 
+def _first_use(head: str, cause: Cause) -> str:
+    # ``why`` names the resource (a group and its ranks and backend, a peer, symmetric memory)
+    # and what its first use does inside a capture, as far as torch's sources say (cgguard._ranks).
+    return (
+        f"First use of a communication resource inside CUDA graph capture: {head}, while this "
+        f"thread's capture {cause.where} is active, uses {cause.why}. Use it once before "
+        f"capture (a warm-up collective; init_process_group(device_id=...) creates NCCL's "
+        f"communicator eagerly; a symmetric-memory rendezvous of the buffer before capture)."
+    )
+
+
+def _rank_divergence(head: str, cause: Cause) -> str:
+    # ``why`` says which ranks differ from which, and where they first part.
+    return (
+        f"Ranks captured differently: {head} finds {cause.why}. Every rank must capture the "
+        f"same graphs with the same collectives, or the job hangs or corrupts data."
+    )
+
+
 _ATTEMPT = "The capture was attempted at (most recent call last):"
 _CAPTURE_BEGAN = "The capture began at (most recent call last):"
 
@@ -342,6 +364,26 @@ RULES: "dict[str, Rule]" = {
             cause_title=_CAPTURE_BEGAN,
             attempt_title="The random-number generator was called at (most recent call last):",
             message=_rng,
+        ),
+        # The ranks' rules (cgguard._ranks): what a rank cannot know alone is reported, never
+        # refused by default.
+        Rule(
+            FirstUseInCaptureError,
+            diagnostic=True,
+            blames=BLAMES_CAPTURE,
+            cause_key="capture_stack",
+            cause_title=_CAPTURE_BEGAN,
+            attempt_title="The resource was first used at (most recent call last):",
+            message=_first_use,
+        ),
+        Rule(
+            RankDivergenceError,
+            diagnostic=True,
+            blames=BLAMES_RANKS,
+            cause_key=None,
+            cause_title="",
+            attempt_title="The ranks were compared at (most recent call last):",
+            message=_rank_divergence,
         ),
     )
 }

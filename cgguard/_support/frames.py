@@ -311,7 +311,7 @@ def place_of(code: CodeType | None, lasti: int) -> Place | None:
     """Where instruction ``lasti`` of ``code`` is, by value (the code is not kept); None if
     hidden. Code compiled again from one file (a reload, an ``exec`` per request) is at the
     same place."""
-    if code is None or code.co_filename.startswith(_hidden_prefixes()):
+    if code is None or not visible(code):
         return None
     return code.co_filename, _line_of(code, lasti), code.co_name
 
