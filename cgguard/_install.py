@@ -335,7 +335,13 @@ def _watchers(
         keyed: Callable[[Any], str | None] | None = None
         if config.inspect:
             from cgguard._inspect.inspector import inputs_key as keyed
-        watchers.append(RankManifest(installation, installation.run.manifest, keyed))
+        # The one serving the installation already, if any: what it knows of the groups used
+        # and the hooks that tell it stay one through a reconfiguration.
+        ranked = next((w for w in installation.watchers if isinstance(w, RankManifest)), None)
+        if ranked is None:
+            ranked = RankManifest(installation, installation.run.manifest, keyed)
+        ranked.inputs_key = keyed
+        watchers.append(ranked)
     return tuple(watchers)
 
 

@@ -98,10 +98,11 @@ def pytest_configure(config: pytest.Config) -> None:
     guard = _flag(config, "cgguard") and not off
     simulate = _flag(config, "cgguard_simulate_cuda")
     inspect = _flag(config, "cgguard_inspect") and not off
-    if not guard and any(name.startswith("CGGUARD_") for name in os.environ):
+    # --no-cgguard says that the guard is off by choice, as CGGUARD_ENABLED=0 does.
+    if not guard and not off and any(name.startswith("CGGUARD_") for name in os.environ):
         from cgguard._config.settings import unheeded
 
-        line = unheeded("(pytest ran without --cgguard)")
+        line = unheeded("(pytest ran without --cgguard)", switch="--cgguard")
         _unheeded[:] = [] if line is None else [line]
     if not (guard or off):
         _refuse_without_the_switch(simulate=simulate, inspect=inspect)

@@ -401,6 +401,8 @@ def test_settings_without_an_on_switch_are_one_line_naming_the_switch() -> None:
         ("import cgguard; cgguard.install(); import torch; print('ran')", {"CGGUARD_MODE": "log"}),
         # Off, said so: the choice is made.
         ("import torch; print('ran')", {"CGGUARD_ENABLED": "0", "CGGUARD_MODE": "log"}),
+        # Empty is unset, and no other variable is set: nothing went unheeded.
+        ("import torch; print('ran')", {"CGGUARD_ENABLED": ""}),
         # On, with a misspelt setting: the settings' own warning, once.
         ("import torch; print('ran')", {"CGGUARD_ENABLED": "1", "CGGUARD_MOD": "log"}),
     ],
@@ -449,6 +451,9 @@ def test_pytest_without_cgguard_says_unheeded_variables_in_its_summary(tmp_path:
     done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
     assert (done.returncode, "not guarded" in done.stdout + done.stderr) == (0, False)
     assert "cgguard: ignoring CGGUARD_ENABLE: no such variable" in done.stderr
+    argv[-1] = "--no-cgguard"  # off by choice, as CGGUARD_ENABLED=0 says
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
+    assert (done.returncode, "not guarded" in done.stdout + done.stderr) == (0, False)
 
 
 @pytest.mark.subprocess

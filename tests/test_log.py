@@ -591,12 +591,16 @@ def test_console_summary_is_lines_per_site_not_a_dict(capsys: pytest.CaptureFixt
         ({"FORCE_COLOR": "1", "NO_COLOR": "1"}, False, False),
         ({"TERM": "dumb"}, True, False),
         ({"TERM": "dumb", "FORCE_COLOR": "yes"}, True, True),
+        ({"PYTHON_COLORS": "1", "NO_COLOR": "1"}, False, True),
+        ({"PYTHON_COLORS": "0", "FORCE_COLOR": "1"}, True, False),
+        ({"PYTHON_COLORS": "yes", "NO_COLOR": "1"}, True, False),  # not 0 or 1: not read
     ],
 )
 def test_colors_follow_no_color_and_force_color(
     environ: dict[str, str], tty: bool, expected: bool
 ) -> None:
-    """NO_COLOR wins, then FORCE_COLOR, then TERM=dumb, then whether stderr is a terminal."""
+    """PYTHON_COLORS first, then NO_COLOR, then FORCE_COLOR, then TERM=dumb, then whether
+    stderr is a terminal."""
     from cgguard._reporting.log import wants_colors
 
     class Stream:

@@ -5,6 +5,7 @@ gloo group; tests/test_ranks_job.py runs two ranks under torchrun."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -114,8 +115,27 @@ def test_a_rank_with_one_more_graph_is_named_with_the_capture_the_others_lack() 
             3,
         ),
         RankDifference(
-            "count", (1,), (0, 2), "m.py:30 (in warm): rank 1 captured 1 time(s), ranks 0, 2 0"
+            "count",
+            (1,),
+            (0, 2),
+            "m.py:30 (in warm): captured once on rank 1, 0 times on ranks 0, 2",
         ),
+    ]
+
+
+def test_tensor_parallel_groups_running_the_same_code_agree() -> None:
+    """Ranks 0 and 1 all-reduce over their group, ranks 2 and 3 over theirs: the same code,
+    so they agree; another size on one group is named."""
+
+    def over(ranks: list[int], numel: int = 8) -> ManifestCapture:
+        step = {"op": "all_reduce", "ranks": ranks, "dtype": "float32", "numel": numel}
+        return capture("m.py:10 (in capture_model)", "call 1", step)
+
+    manifests = {r: manifest(over([0, 1] if r < 2 else [2, 3]), rank=r) for r in range(4)}
+    assert compare(manifests) == []
+    manifests[3] = manifest(over([2, 3], numel=16), rank=3)
+    assert [(d.kind, d.ranks, d.others) for d in compare(manifests)] == [
+        ("collectives", (3,), (0, 1, 2))
     ]
 
 
@@ -425,3 +445,226 @@ def test_a_report_whose_manifest_is_malformed_is_refused(
     status = main(["report", str(folder)])
     err = capsys.readouterr().err
     assert (status, "r-10.json" in err, '"key"' in err) == (2, True, True)
+
+
+def test_with_inspection_a_capture_is_keyed_by_its_inputs(group: Any, simulated: Any) -> None:
+    """Inspection saw the graph's inputs: the key is their count and a digest of their dtypes
+    and shapes, alike for alike inputs and not for others."""
+    import torch
+
+    cgguard.install(cgguard.Config(mode="log", inspect=True))
+    keys = []
+    for shape in [(4,), (4,), (8,)]:
+        x = torch.ones(shape, device="cuda")
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            x.mul(2)
+        keys.append(cgguard._process.PROCESS.installation.run.manifest.captures[-1].key)  # type: ignore[union-attr]
+    assert (keys[0] == keys[1], keys[0] == keys[2]) == (True, False)
+    assert [key.split(" ")[:2] for key in keys] == [["1", "inputs"]] * 3
+
+
+def test_an_nccl_group_whose_communicator_exists_is_no_first_use(
+    group: Any, simulated: Any, events: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On NCCL (told here, where torch has none) a group's first collective inside a capture is
+    not reported while its communicator exists, and is, once, where it does not."""
+    import torch
+
+    from cgguard._ranks import first_use
+
+    ready = {"now": True}
+    monkeypatch.setattr(first_use, "backend_of", lambda group: "nccl")
+    monkeypatch.setattr(first_use, "nccl_ready", lambda group: ready["now"])
+    cgguard.install(cgguard.Config(mode="log"))
+    x = torch.ones(4)
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        group.all_reduce(x)
+    assert events == []
+    ready["now"] = False
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        group.all_reduce(x)
+        group.all_reduce(x)
+    assert [e["rule"] for e in events] == ["first_use_in_capture"]
+    assert "whose NCCL communicator does not exist yet" in str(events[0]["message"])
+
+
+def test_the_first_use_of_a_peer_and_of_the_default_group_named_either_way() -> None:
+    """A send to a peer is its pair's first use until one outside a capture; the default group
+    used as None outside a capture is warm when named by its object inside one, and the other
+    way round."""
+    from cgguard._ranks import first_use
+
+    seen = first_use.FirstUse()
+    seen.used(None)
+    assert seen.warm == {first_use.DEFAULT: None}
+    assert first_use.key_of(None, 1) not in seen.warm
+    seen.used(None, 1)
+    assert first_use.key_of(None, 1) in seen.warm
+
+
+def test_a_reconfiguration_keeps_one_watcher_and_its_hooks(group: Any, simulated: Any) -> None:
+    """install() again with another configuration: the manifest's watcher, its hooks on
+    torch.distributed and what it knows of groups used are the same, and captures after it
+    still hold their collectives."""
+    import torch
+
+    cgguard.install(cgguard.Config(mode="log"))
+    installation = cgguard._process.PROCESS.installation
+    assert installation is not None
+    before = [w for w in installation.watchers if type(w).__name__ == "RankManifest"]
+    x = torch.ones(4)
+    group.all_reduce(x)
+    cgguard.install(cgguard.Config(mode="raise"))
+    after = [w for w in installation.watchers if type(w).__name__ == "RankManifest"]
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        group.all_reduce(x)
+    captures = installation.run.manifest.document()["captures"]
+    assert (after == before, len(before), [len(c["collectives"]) for c in captures]) == (
+        True,
+        1,
+        [1],
+    )
+
+
+def test_p2p_ops_keep_torchs_identity_checks(group: Any, simulated: Any) -> None:
+    """P2POp checks its function by identity: with cgguard installed, dist.isend and
+    dist.irecv are torch's own, so an op made with them, or with a name bound before install,
+    passes torch's checks of a batch."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    bound = dist.isend
+    cgguard.install(cgguard.Config(mode="log"))
+    assert "cgguard" not in dist.isend.__code__.co_filename
+    x = torch.ones(2)
+    ops = [dist.P2POp(dist.isend, x, 0), dist.P2POp(bound, x, 0), dist.P2POp(dist.irecv, x, 0)]
+    distributed_c10d._check_p2p_op_list(ops)
+    assert [op.op for op in ops] == [distributed_c10d.isend, distributed_c10d.isend, dist.irecv]
+
+
+def test_a_symmetric_memory_allocation_inside_a_capture_is_reported(
+    group: Any, simulated: Any, events: list[dict[str, Any]]
+) -> None:
+    """symm_mem.empty() inside a capture is reported before torch runs it (torch's own failure
+    follows on this CPU build)."""
+    import torch
+    import torch.distributed._symmetric_memory as symm_mem
+
+    cgguard.install(cgguard.Config(mode="log"))
+    # torch's CPU build cannot allocate it: its own failure is not cgguard's.
+    with torch.cuda.graph(torch.cuda.CUDAGraph()), contextlib.suppress(Exception):
+        symm_mem.empty(4, device="cuda")  # marker: symm
+    assert [(e["rule"], e["api"], e["stack"][-1]["line"]) for e in events] == [
+        (
+            "first_use_in_capture",
+            "torch.distributed._symmetric_memory.empty",
+            line_of("marker: symm"),
+        )
+    ]
+
+
+# On a device: what the simulation cannot say (docs/ranks.md, "What a device would confirm").
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("eager", [False, True], ids=["lazy", "device_id"])
+def test_nccl_first_collective_inside_a_capture_on_a_device(
+    eager: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, events: list[dict[str, Any]]
+) -> None:
+    """A one-rank NCCL group's first all_reduce inside a capture: reported where the group was
+    made lazily, not where init_process_group(device_id=...) made its communicator. What CUDA
+    and NCCL then do is printed, for the record of this device."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_nccl_available():
+        pytest.skip("this torch has no NCCL")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    how: dict[str, Any] = {"device_id": torch.device("cuda", 0)} if eager else {}
+    store = f"file://{tmp_path}/store"
+    dist.init_process_group("nccl", init_method=store, rank=0, world_size=1, **how)
+    try:
+        cgguard.install(cgguard.Config(mode="log"))
+        x = torch.ones(4, device="cuda")
+        stream = torch.cuda.Stream()
+        outcome = "captured"
+        try:
+            with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=stream):
+                dist.all_reduce(x)
+        except Exception as exc:
+            outcome = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        print(
+            f"NCCL {nccl}, {'eager' if eager else 'lazy'}: first all_reduce in capture: {outcome}"
+        )
+        reported = [e["rule"] for e in events if e["rule"] == "first_use_in_capture"]
+        assert reported == ([] if eager else ["first_use_in_capture"])
+    finally:
+        torch.cuda.synchronize()
+        dist.destroy_process_group()
+
+
+def test_a_process_given_its_rank_by_init_process_group_alone_installs_again(
+    tmp_path: Path, simulated: Any
+) -> None:
+    """No launcher variable: the manifest starts once cgguard is installed again after the
+    default group exists (docs/ranks.md), with torch.distributed's rank as the identity."""
+    import torch
+    import torch.distributed as dist
+
+    cgguard.install(cgguard.Config(mode="log"))
+    assert "torch.distributed.all_reduce" not in cgguard.status().patched
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        cgguard.install(cgguard.status().config)
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            pass
+        document = cgguard._process.PROCESS.installation.run.manifest.document()  # type: ignore[union-attr]
+        assert (document["identity"], len(document["captures"])) == (
+            {"dist_rank": 0, "dist_world_size": 1},
+            1,
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_torch_compile_still_traces_a_watched_collective(group: Any) -> None:
+    """torch.compile traces dist.all_reduce as a functional collective through its own table:
+    the hook joins it there, so fullgraph compilation works with cgguard installed, and the
+    table is as it was after uninstall."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import _functional_collectives as functional
+
+    table = dict(functional.traceable_collective_remaps)
+    cgguard.install(cgguard.Config(mode="log"))
+
+    def step(x: Any) -> Any:
+        y = x * 2
+        dist.all_reduce(y)
+        return y + 1
+
+    compiled = torch.compile(step, fullgraph=True, backend="eager")
+    assert compiled(torch.ones(4)).tolist() == [3.0] * 4
+    cgguard.uninstall()
+    assert functional.traceable_collective_remaps == table
+
+
+def failing_capture_model() -> None:
+    """A capture window that fails on its way out, as an interrupted capture phase does."""
+    raise ValueError("interrupted")
+
+
+def test_a_window_closed_by_an_exception_runs_no_rank_check(group: Any, simulated: Any) -> None:
+    """CGGUARD_RANK_CHECK: a window left by an exception compares nothing: the program is not
+    kept waiting for ranks that will not come."""
+    cgguard.install(
+        cgguard.Config(mode="log", windows=f"{__name__}:failing_capture_model", rank_check=True)
+    )
+    manifest = cgguard._process.PROCESS.installation.run.manifest  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="interrupted"):
+        failing_capture_model()
+    assert manifest.checks == 0

@@ -148,7 +148,7 @@ def test_a_rank_that_captures_one_more_graph_is_named_on_every_rank(tmp_path: Pa
             "kind": "count",
             "ranks": [1],
             "others": [0],
-            "detail": f"{site}: rank 1 captured 1 time(s), rank 0 0",
+            "detail": f"{site}: captured once on rank 1, 0 times on rank 0",
             "capture": None,
         },
     ]

@@ -481,3 +481,43 @@ def test_the_demo_asks_for_cuda_memory_as_gpu_code_does() -> None:
     assert [line.strip() for line in source if "device" in line or "is_available" in line] == [
         'x = torch.zeros(8, device="cuda")'
     ]
+
+
+THREADED = """
+import threading, torch
+from cgguard.testing import simulated_cuda
+
+def work():
+    torch.ones(4, device="cuda") * 2
+
+with simulated_cuda():
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+"""
+
+
+@pytest.mark.subprocess
+def test_a_served_thread_ends_without_taking_the_process_down(tmp_path: Path) -> None:
+    """A thread the simulation served takes its mode off as it ends: a mode left in torch's
+    thread-local stack is released when the thread's storage is torn down, which, racing the
+    interpreter's exit, aborted the process ("terminate called without an active
+    exception"), about one run in three on a busy machine: run sixteen times, four at once."""
+    script = tmp_path / "served_thread.py"
+    script.write_text(THREADED)
+    statuses: list[tuple[int, str]] = []
+    for _ in range(4):
+        runs = [
+            subprocess.Popen(
+                [sys.executable, str(script)],
+                env=clean_environ(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(4)
+        ]
+        for run in runs:
+            _, err = run.communicate(timeout=120)
+            statuses.append((run.returncode, err))
+    assert statuses == [(0, "")] * 16

@@ -450,13 +450,15 @@ def say_if_off(_: object = None) -> None:
         warn_once("off", line)
 
 
-def unheeded(when: str) -> "str | None":
+def unheeded(when: str, switch: str = f"{ENABLED}=1") -> "str | None":
     """The line saying that the set CGGUARD_* variables go unheeded, cgguard being off ``when``
-    ("before torch was imported"); None where none is set, or CGGUARD_ENABLED is (off: the
-    choice is made)."""
+    ("before torch was imported"), naming the ``switch`` that turns it on; None where none is
+    set, or CGGUARD_ENABLED is (off: the choice is made). An empty CGGUARD_ENABLED is unset."""
     if os.environ.get(ENABLED, "").strip():
         return None
-    names = sorted(n for n in os.environ if n.startswith(PREFIX) and n != REPORT_OWNER)
+    names = sorted(
+        n for n in os.environ if n.startswith(PREFIX) and n not in (ENABLED, REPORT_OWNER)
+    )
     if not names:
         return None
     unknown = [n for n in names if _is_unknown(n)]
@@ -466,9 +468,7 @@ def unheeded(when: str) -> "str | None":
         said = ", ".join(f"{_named(n)} ({_no_such(n)})" for n in unknown)
         return f"{said} {verb} set, and nothing switched cgguard on {when}: {UNGUARDED}"
     said = ", ".join(_named(n) for n in names)
-    return (
-        f"{said} {verb} set, but nothing switched cgguard on {when} ({ENABLED}=1 does): {UNGUARDED}"
-    )
+    return f"{said} {verb} set, but nothing switched cgguard on {when} ({switch} does): {UNGUARDED}"
 
 
 UNGUARDED = "captures are not guarded"

@@ -57,6 +57,19 @@ def collective_text(collective: ManifestCollective) -> str:
     return what
 
 
+def collective_key(collective: ManifestCollective) -> tuple[object, ...]:
+    """What ranks that agree have alike in a collective: its op, dtype, size and its group's
+    size, not the group's ranks, which differ between the tensor-parallel groups of one job
+    running the same code."""
+    ranks = collective["ranks"]
+    return (
+        collective["op"],
+        collective["dtype"],
+        collective["numel"],
+        len(ranks) if ranks is not None else None,
+    )
+
+
 def capture_text(capture: ManifestCapture) -> str:
     return f"{capture['site']} ({capture['key']})"
 
@@ -68,7 +81,7 @@ def _signature(manifest: ManifestDocument) -> tuple[object, ...]:
         (
             c["site"],
             c["key"],
-            tuple(collective_text(x) for x in c["collectives"]),
+            tuple(collective_key(x) for x in c["collectives"]),
             c.get("collectives_dropped", 0),
         )
         for c in manifest["captures"]
@@ -153,9 +166,12 @@ def _collective_parted(
     """Where two captures' collective sequences first part, in words; None if alike."""
     texts = [collective_text(c) for c in mine]
     others = [collective_text(c) for c in theirs]
-    for step, (this, that) in enumerate(zip(texts, others, strict=False), start=1):
-        if this != that:
-            return f"collective {step} is {this} on {these}, {that} on {those}"
+    pairs = zip(mine, theirs, strict=False)
+    for step, (this, that) in enumerate(pairs, start=1):
+        if collective_key(this) != collective_key(that):
+            return (
+                f"collective {step} is {texts[step - 1]} on {these}, {others[step - 1]} on {those}"
+            )
     if len(texts) == len(others):
         return None
     more, fewer = (these, those) if len(texts) > len(others) else (those, these)
@@ -177,9 +193,14 @@ def _counts(
         mine, theirs = actual.get(site, 0), expected.get(site, 0)
         if mine != theirs:
             detail = (
-                f"{site}: {_ranks(group)} captured {mine} time(s), {_ranks(reference)} {theirs}"
+                f"{site}: captured {_times(mine)} on {_ranks(group)}, {_times(theirs)} on "
+                f"{_ranks(reference)}"
             )
             yield RankDifference(COUNT, group, reference, detail)
+
+
+def _times(count: int) -> str:
+    return "once" if count == 1 else f"{count} times"
 
 
 def missing(arrived: Iterable[int], world_size: int) -> RankDifference | None:
@@ -188,7 +209,8 @@ def missing(arrived: Iterable[int], world_size: int) -> RankDifference | None:
     absent = tuple(rank for rank in range(world_size) if rank not in present)
     if not absent:
         return None
-    detail = f"{_ranks(absent)} did not reach the check in time; {_ranks(sorted(present))} did"
+    arrived_text = f"{_ranks(sorted(present))} did" if present else "none did"
+    detail = f"{_ranks(absent)} did not reach the check in time; {arrived_text}"
     return RankDifference(MISSING, absent, tuple(sorted(present)), detail)
 
 

@@ -1,20 +1,27 @@
 """The live check of a job's ranks: each rank puts its capture manifest in torch.distributed's
-key-value store, waits for the others' within a timeout, and compares them all
+key-value store, waits for the others within a timeout, and compares them
 (cgguard._data.rank_compare), so that every rank says which ranks captured differently, or did
 not arrive, before a diverged job hangs in its collectives.
 
 The store, not a collective: a job whose ranks diverged may already be stuck in a collective on
 its own communicators, while the store (torchrun's ``TCPStore``, the default group's) needs
-none: ``set``, ``check`` and ``wait`` go to the store's server directly.
+none: ``set``, ``check``, ``wait`` and ``get`` go to the store's server directly.
+
+Each rank puts a digest of its manifest and the manifest itself, and reads every digest but only
+one manifest per distinct digest: ranks that agree, the common case, cost the store one small
+key each. Checks are numbered per process, so that every rank must make as many as the others,
+as with a collective; a rank's key of the check before is deleted once every rank has arrived at
+this one, which every rank read it before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import sys
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cgguard._data.rank_compare import RankDifference, compare, missing
 from cgguard._support.frames import stack_above
@@ -25,12 +32,29 @@ if TYPE_CHECKING:
     from cgguard._data.schema import ManifestDocument
 
 API = "cgguard.check_ranks"
-# The keys of one check, in the store: a prefix of their own, one per rank, per check made.
+# The keys of one check, in the store: a prefix of their own, per check made and per rank.
 PREFIX = "cgguard/ranks"
-# A manifest larger than this is exchanged with each capture's collectives as a digest.
-EXCHANGED_MAX = 4 * 1024 * 1024
+# A capture issuing more collectives than this is exchanged with them as one digest: the same
+# rule on every rank, so that ranks still part at the capture where they do.
+COLLECTIVES_EXCHANGED = 64
 # Differences told in one event's message; check_ranks() returns them all.
 TOLD = 8
+# The longest wait accepted, in seconds: what a timedelta holds with room to spare.
+LONGEST = 1e9
+
+
+def checked_timeout(timeout: object) -> float:
+    """``timeout`` as seconds to wait, or one clear error: a finite number above 0."""
+    if (
+        not isinstance(timeout, (int, float))
+        or isinstance(timeout, bool)
+        or not 0 < timeout <= LONGEST
+    ):
+        raise ValueError(
+            f"check_ranks(timeout={timeout!r}): accepted values are seconds, a number above 0 "
+            f"and at most {LONGEST:.0e}"
+        )
+    return float(timeout)
 
 
 def check_ranks(
@@ -39,14 +63,14 @@ def check_ranks(
     """Compare this rank's capture manifest with every other rank's, through the store; report
     what differs as one rank_divergence event, and return it. ``depth``: frames between the
     program's call and here, for the event's stack."""
-    checked_timeout(timeout)
+    seconds = checked_timeout(timeout)
     dist = sys.modules.get("torch.distributed")
     manifest = installation.run.manifest
     try:
         initialized = dist is not None and dist.is_available() and dist.is_initialized()
     except Exception:
         initialized = False
-    if not initialized:
+    if dist is None or not initialized:
         warn_once(
             "ranks:check",
             "check_ranks: torch.distributed has no default group in this process "
@@ -60,62 +84,68 @@ def check_ranks(
             "or cgguard installed without a rank identity): nothing to compare",
         )
         return []
-    if dist is None:  # for type checkers: initialized says it is not
-        return []
-    rank, world = dist.get_rank(), dist.get_world_size()
-    store = dist.distributed_c10d._get_default_store()
     manifest.checks += 1
-    keys = [f"{PREFIX}/{manifest.checks}/{other}" for other in range(world)]
-    store.set(keys[rank], _exchanged(manifest.document()))
-    # Timed out: who did not arrive is read below.
-    with contextlib.suppress(Exception):
-        store.wait(keys, timedelta(seconds=timeout))
-    arrived: dict[int, ManifestDocument] = {}
-    for other, key in enumerate(keys):
-        if store.check([key]):
-            arrived[other] = json.loads(store.get(key))
-    found = compare(arrived)
-    gone = missing(arrived, world)
-    if gone is not None:
-        found.append(gone)
+    try:
+        found = _exchange(dist, manifest.checks, exchanged(manifest.document()), seconds)
+    except Exception as exc:
+        warn_once(
+            f"ranks:store:{manifest.checks}",
+            f"check_ranks: torch.distributed's store failed ({exc!r}): nothing compared",
+        )
+        return []
     if found:
         _tell(installation, found, depth + 1)
     return found
 
 
-def checked_timeout(timeout: object) -> float:
-    """``timeout`` as seconds to wait, or one clear error: a finite number above 0."""
-    if (
-        not isinstance(timeout, (int, float))
-        or isinstance(timeout, bool)
-        or not 0 < timeout < float("inf")
-    ):
-        raise ValueError(
-            f"check_ranks(timeout={timeout!r}): accepted values are seconds, a number above 0"
-        )
-    return float(timeout)
-
-
-def _exchanged(document: ManifestDocument) -> str:
-    """The manifest as put in the store: whole, or past EXCHANGED_MAX with each capture's
-    collectives as one digest (the ranks still part at the same capture)."""
+def _exchange(
+    dist: Any, check: int, document: ManifestDocument, timeout: float
+) -> list[RankDifference]:
+    """Put this rank's manifest in the store, wait for the others', compare."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store = dist.distributed_c10d._get_default_store()
     text = json.dumps(document, separators=(",", ":"))
-    if len(text) <= EXCHANGED_MAX:
-        return text
-    import hashlib
+    digest = hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+    here = f"{PREFIX}/{check}"
+    store.set(f"{here}/{rank}/manifest", text)
+    store.set(f"{here}/{rank}/digest", digest)
+    digests = [f"{here}/{other}/digest" for other in range(world)]
+    # Timed out: who did not arrive is read below.
+    with contextlib.suppress(Exception):
+        store.wait(digests, timedelta(seconds=timeout))
+    arrived: dict[int, str] = {}
+    for other, key in enumerate(digests):
+        if store.check([key]):
+            arrived[other] = store.get(key).decode()
+    # One manifest per distinct digest: ranks alike read as one.
+    manifests: dict[int, ManifestDocument] = {}
+    read: dict[str, ManifestDocument] = {digest: document}
+    for other, theirs in arrived.items():
+        if theirs not in read:
+            read[theirs] = json.loads(store.get(f"{here}/{other}/manifest"))
+        manifests[other] = read[theirs]
+    found = compare(manifests)
+    gone = missing(arrived, world)
+    if gone is not None:
+        found.append(gone)
+    elif check > 1:
+        # Every rank arrived at this check, so every one has read the check before.
+        for suffix in ("manifest", "digest"):
+            store.delete_key(f"{PREFIX}/{check - 1}/{rank}/{suffix}")
+    return found
 
+
+def exchanged(document: ManifestDocument) -> ManifestDocument:
+    """The manifest as put in the store: a capture's collectives past COLLECTIVES_EXCHANGED
+    as one digest, on every rank alike."""
     for capture in document["captures"]:
         collectives = capture["collectives"]
-        digest = hashlib.blake2b(json.dumps(collectives).encode(), digest_size=8).hexdigest()
-        capture["collectives"] = [
-            {
-                "op": f"{len(collectives)} collectives {digest}",
-                "ranks": None,
-                "dtype": None,
-                "numel": 0,
-            }
-        ]
-    return json.dumps(document, separators=(",", ":"))
+        if len(collectives) > COLLECTIVES_EXCHANGED:
+            text = json.dumps(collectives, separators=(",", ":"))
+            digest = hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+            said = f"{len(collectives)} collectives {digest}"
+            capture["collectives"] = [{"op": said, "ranks": None, "dtype": None, "numel": 0}]
+    return document
 
 
 def _tell(installation: Installation, found: list[RankDifference], depth: int) -> None:
@@ -124,11 +154,8 @@ def _tell(installation: Installation, found: list[RankDifference], depth: int) -
     details = [difference.detail for difference in found[:TOLD]]
     more = f"; and {len(found) - TOLD} more" if len(found) > TOLD else ""
     count = len(found)
-    why = (
-        f"{count} difference{'s' if count != 1 else ''} between the ranks: "
-        + "; ".join(details)
-        + more
-    )
+    why = f"{count} difference{'s' if count != 1 else ''} between the ranks: "
+    why += "; ".join(details) + more
     reporter = installation.reporter  # read once: a reconfiguration swaps it whole
     error = reporter.violated(
         [("rank_divergence", None)], API, stack_above(depth), refuse=True, why=why
@@ -139,7 +166,10 @@ def _tell(installation: Installation, found: list[RankDifference], depth: int) -
 
 def after_window(installation: Installation, timeout: float, entry: str) -> None:
     """CGGUARD_RANK_CHECK: a capture window closed, the ranks are compared; cgguard's own
-    failure here is one line, never the program's."""
+    failure here is one line, never the program's. A window closed by an exception on its way
+    out (an interrupt, a failure) is no capture phase ended: the program is not kept waiting."""
+    if sys.exc_info()[1] is not None:
+        return
     try:
         check_ranks(installation, timeout, depth=4)
     except Exception as exc:

@@ -41,19 +41,21 @@ PAYLOADS: dict[str, str | None] = {
     "scatter": "tensor",
     "all_to_all": "input_tensor_list",
     "all_to_all_single": "input",
+    # Not isend and irecv: torch checks a P2POp's function by identity against its own
+    # (``_check_op``, ``batch_isend_irecv``'s ``op.op is isend``), which a wrapper, or a name bound
+    # before install, would fail. Their batches are seen through batch_isend_irecv.
     "send": "tensor",
     "recv": "tensor",
-    "isend": "tensor",
-    "irecv": "tensor",
     "barrier": None,
     "monitored_barrier": None,
     "batch_isend_irecv": "p2p_op_list",
 }
 
 
-# Point-to-point calls, and the parameter naming the peer: ProcessGroupNCCL makes a
-# communicator for each pair of ranks at their first unbatched send or receive.
-PEERS = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
+# Point-to-point calls, and the parameters naming the peer (its global rank, or from torch 2.6
+# its rank in the group): ProcessGroupNCCL makes a communicator for each pair of ranks at their
+# first unbatched send or receive.
+PEERS = {"send": ("dst", "group_dst"), "recv": ("src", "group_src")}
 
 
 class Signature(NamedTuple):
@@ -62,7 +64,8 @@ class Signature(NamedTuple):
     op: str
     group: tuple[int, str] | None
     payload: tuple[int, str] | None
-    peer: tuple[int, str] | None = None
+    peer: tuple[int, str] | None = None  # the peer's global rank
+    group_peer: tuple[int, str] | None = None  # its rank in the group (torch 2.6 on)
 
 
 def signature_of(op: str, function: Callable[..., Any]) -> Signature:
@@ -77,7 +80,20 @@ def signature_of(op: str, function: Callable[..., Any]) -> Signature:
     def at(name: str | None) -> tuple[int, str] | None:
         return (names.index(name), name) if name is not None and name in names else None
 
-    return Signature(op, at("group"), at(payload), at(PEERS.get(op)))
+    peer, group_peer = PEERS.get(op, (None, None))
+    return Signature(op, at("group"), at(payload), at(peer), at(group_peer))
+
+
+def peer_of(signature: Signature, args: tuple[Any, ...], kwargs: Any) -> object:
+    """The peer a send or receive names: its global rank, or ("group", its rank in the
+    group); None for any other call, or a receive from any source."""
+    if signature.peer is None and signature.group_peer is None:
+        return None
+    peer = argument(signature.peer, args, kwargs)
+    if peer is not None:
+        return peer
+    in_group = argument(signature.group_peer, args, kwargs)
+    return ("group", in_group) if in_group is not None else None
 
 
 def argument(where: tuple[int, str] | None, args: tuple[Any, ...], kwargs: Any) -> Any:

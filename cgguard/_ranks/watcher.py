@@ -1,9 +1,11 @@
 """The capture manifest's watcher: each capture of a process that is one rank of a job, in order,
 with the collectives its thread issues inside it; and a communication resource's first use
-inside a capture (first_use_in_capture).
+inside a capture (first_use_in_capture, cgguard._ranks.first_use).
 
 On only where the process has a rank identity (cgguard._data.manifest.has_identity): any other
-process pays nothing for it, on the capture path or in its collectives.
+process pays nothing for it, on the capture path or in its collectives. One watcher serves an
+installation through its reconfigurations, so that what it knows of the groups used, and the
+hooks that tell it, stay one.
 """
 
 from __future__ import annotations
@@ -15,7 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 from cgguard import _boot
 from cgguard._core.watcher import Watcher
-from cgguard._ranks.collectives import PAYLOADS, Signature, argument, described, signature_of
+from cgguard._ranks.collectives import (
+    PAYLOADS,
+    Signature,
+    argument,
+    described,
+    peer_of,
+    signature_of,
+)
+from cgguard._ranks.first_use import FirstUse, ranks_of
 from cgguard._reporting.events import ranks as launcher_identity
 from cgguard._rules.record import BEGAN_AT, ENDED, REFUSED, THREAD
 from cgguard._support.frames import place_of, site_of, stack_above
@@ -33,58 +43,21 @@ if TYPE_CHECKING:
 
 SYMMETRIC_MEMORY = "torch.distributed._symmetric_memory"
 _DISTRIBUTED = ("torch.distributed", "torch.distributed.distributed_c10d")
-# The default group, however a call names it (None, or the group object itself).
-_DEFAULT = "default"
-
-# What a first use inside a capture does (docs/ranks.md#first-use-inside-a-capture cites the
-# sources). ProcessGroupNCCL creates a group's communicator at its first collective, and a pair's
-# at their first unbatched send or receive (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp,
-# ``getNCCLComm``, on a cache miss; no capture check on that path, torch 2.1 to 2.13), unless
-# init_process_group(device_id=...) created it eagerly; creating one inside a capture fails on
-# RCCL and older NCCL ("operation not permitted when stream is capturing"), unverified on current
-# NVIDIA NCCL, whose own allocations switch to relaxed capture. gloo makes its context at
-# init_process_group: a first use is no different there, and gloo cannot capture device work at
-# all, first use or not; under the simulated runtime a gloo group stands for a device group.
-_NCCL_GROUP = (
-    "whose NCCL communicator does not exist yet: ProcessGroupNCCL creates it at the group's "
-    "first collective, here inside the capture (ncclCommInitRank, a store exchange and device "
-    "allocations), which RCCL and older NCCL fail"
-)
-_NCCL_PEER = (
-    "to a peer it has not sent to or received from outside a capture: ProcessGroupNCCL creates "
-    "a communicator for each pair at their first unbatched send or receive, here inside the "
-    "capture"
-)
-_SIMULATED = (
-    "which has run no collective outside a capture since cgguard was installed (under the "
-    "simulated runtime a gloo group stands for a device group, whose NCCL communicator would "
-    "be created here)"
-)
-_SYMMETRIC = {
-    "rendezvous": (
-        "a symmetric-memory rendezvous (torch.distributed._symmetric_memory.rendezvous), which "
-        "exchanges memory handles with its peers and maps their memory, work CUDA cannot "
-        "capture (cudaErrorStreamCaptureUnsupported)"
-    ),
-    "empty": (
-        "a symmetric-memory allocation (torch.distributed._symmetric_memory.empty), which "
-        "allocates from the symmetric-memory pool, not the graph's, during the capture"
-    ),
-}
+# torch.compile's table of torch.distributed's functions it traces as functional collectives
+# (torch/_dynamo/variables/functions.py reads it): each wrapper joins its function there, so
+# that compiled code is traced as it was without cgguard.
+_REMAPS = "torch.distributed._functional_collectives"
 
 
-def identity() -> dict[str, int | str]:
-    """The process's rank identity: the launcher's variables, and torch.distributed's rank and
-    world size where a default group exists."""
-    found = launcher_identity()
+def distributed_identity() -> dict[str, int]:
+    """torch.distributed's rank and world size, where a default group exists now."""
     dist = sys.modules.get("torch.distributed")
     try:
         if dist is not None and dist.is_available() and dist.is_initialized():
-            found["dist_rank"] = dist.get_rank()
-            found["dist_world_size"] = dist.get_world_size()
+            return {"dist_rank": dist.get_rank(), "dist_world_size": dist.get_world_size()}
     except Exception as exc:  # a group being torn down
         warn_once("ranks:identity", f"could not read torch.distributed's rank: {exc!r}")
-    return found
+    return {}
 
 
 class RankManifest(Watcher):
@@ -102,19 +75,22 @@ class RankManifest(Watcher):
         self.inputs_key = inputs_key
         # The captures under way, by their record's identity: a collective finds its own.
         self._open: dict[int, Capture] = {}
-        # Groups that have run a collective outside a capture, held so that an id is not
-        # reused; and what first_use_in_capture has already told.
-        self._warm: dict[object, object] = {}
-        self._told: set[object] = set()
+        self.first_use = FirstUse()
         self._symmetric = PatchSet()
         self._local = threading.local()  # whether this thread is inside a watched call
+        self._distributed: dict[str, int] = {}  # torch.distributed's rank, once seen
         # The last capture's (code, instruction, place): one tuple, replaced whole.
         self._last: tuple[Any, int, Place | None] = (None, -1, None)
-        self._rendezvoused: set[tuple[int, object]] = set()
+        # One wrapper per torch function, put under each of its names; and the wrappers added
+        # to torch.compile's table, taken out again when the watcher retires.
+        self._wrappers: dict[int, tuple[Callable[..., Any], Callable[..., Any]]] = {}
+        self._remapped: list[Callable[..., Any]] = []
 
     # The capture path.
 
     def opening(self, graph: Any, record: Record, args: tuple[Any, ...], kwargs: Any) -> Any:
+        if not self._distributed:  # until a default group is seen, a look at each capture
+            self._distributed.update(distributed_identity())
         capture = self.manifest.begin(self._place(record))
         self._open[id(record)] = capture
         return (record, capture, graph if self.inputs_key is not None else None)
@@ -143,25 +119,39 @@ class RankManifest(Watcher):
         capture = self.manifest.begin(self._place(record))
         capture.outcome = REFUSED
 
+    def identity(self) -> dict[str, int | str]:
+        """The process's rank identity: the launcher's variables, and torch.distributed's rank
+        and world size as last seen (at a capture, or now): a report written at exit, after the
+        program destroyed its group, still names its rank."""
+        self._distributed.update(distributed_identity())
+        return {**launcher_identity(), **self._distributed}
+
     def started(self) -> None:
         self.manifest.recording = True
-        self.manifest.identify = identity
+        self.manifest.identify = self.identity
         _boot.when_ready(SYMMETRIC_MEMORY, self._watch_symmetric)
+        # Imported by torch.compile when it first meets a collective, often after install.
+        _boot.when_ready(_REMAPS, self._remap_when_imported)
 
     def retired(self) -> None:
         # The manifest stays in the report: what was recorded was recorded.
         _boot.cancel(SYMMETRIC_MEMORY, self._watch_symmetric)
+        _boot.cancel(_REMAPS, self._remap_when_imported)
         self._symmetric.restore()
+        remaps = _remaps()
+        for wrapper in self._remapped:
+            remaps.pop(wrapper, None)
+        self._remapped.clear()
+        self._wrappers.clear()
 
     def after_fork(self) -> None:
         self._open.clear()
-        self._warm.clear()
-        self._told.clear()
+        self.first_use.clear()
 
     # Collectives.
 
     def hooks(self) -> list[tuple[Any, str, Callable[[Any], Any]]]:
-        """torch.distributed's collectives, under both of their names."""
+        """torch.distributed's collectives, under both of their names: one wrapper each."""
         owners = [sys.modules.get(name) for name in _DISTRIBUTED]
         return [
             (owner, op, functools.partial(self._collective, op))
@@ -172,25 +162,46 @@ class RankManifest(Watcher):
         ]
 
     def _collective(self, op: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        signature = signature_of(op, original)
+        made = self._wrappers.get(id(original))
+        if made is not None and made[0] is original:
+            return made[1]  # the same function under its other name: the same wrapper
+        wrapper = self._wrap(signature_of(op, original), original)
+        self._wrappers[id(original)] = (original, wrapper)
+        self._remap(_remaps())
+        return wrapper
+
+    def _remap(self, remaps: dict[Any, Any]) -> None:
+        """Put each wrapper in torch.compile's table beside the function it wraps. Where torch
+        made the table while cgguard was installed, its keys are the wrappers (the names it read
+        then): torch's own functions join them, and stay, so that compiled code traces them
+        after uninstall too."""
+        for original, wrapper in list(self._wrappers.values()):
+            if original in remaps and wrapper not in remaps:
+                remaps[wrapper] = remaps[original]
+                self._remapped.append(wrapper)
+            elif wrapper in remaps and original not in remaps:
+                remaps[original] = remaps[wrapper]
+
+    def _remap_when_imported(self, module: Any) -> None:
+        table = getattr(module, "traceable_collective_remaps", None)
+        if isinstance(table, dict):
+            self._remap(table)
+
+    def _wrap(self, signature: Signature, original: Callable[..., Any]) -> Callable[..., Any]:
         tracker = self.installation.tracker
         active: dict[Any, Any] = tracker.active if tracker is not None else {}
-        where, peer = signature.group, signature.peer
-        warm = self._warm
+        where, peered = signature.group, signature.peer is not None
+        used = self.first_use.used
 
         # A plain function, as torch's own decorators wrap these: outside every capture it
-        # costs one truth test, and notes the group as used (cgguard's benchmark measures it).
+        # costs one truth test and a note of the group used (benchmarks/collectives_overhead.py).
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
             if active:
                 return self._inside(signature, original, args, kwargs)
             if where is not None:
                 group = argument(where, args, kwargs)
-                key: object = _DEFAULT if group is None else id(group)
-                if peer is not None:
-                    key = (key, argument(peer, args, kwargs))
-                if key not in warm:
-                    warm[key] = group
+                used(group, peer_of(signature, args, kwargs) if peered else None)
             return original(*args, **kwargs)
 
         return collective
@@ -216,44 +227,33 @@ class RankManifest(Watcher):
         one; a communication resource's first use there reported."""
         try:
             record = self._capturing()
-            group = argument(signature.group, args, kwargs)
-            key = self._key(group, signature, args, kwargs)
+            uses = _uses(signature, args, kwargs)
             if record is None:
-                self._warm.setdefault(key, group)
+                for group, peer in uses:
+                    self.first_use.used(group, peer)
                 return
             capture = self._open.get(id(record))
             if capture is not None:
-                capture.issued(described(signature, args, kwargs, _ranks_of(group)))
-            why = self._first_use(signature, group, key)
+                group = uses[0][0] if uses else argument(signature.group, args, kwargs)
+                capture.issued(described(signature, args, kwargs, ranks_of(group)))
+            simulated = self._simulated()
+            why = next(
+                (
+                    found
+                    for group, peer in uses
+                    if (found := self.first_use.collective(group, peer, simulated)) is not None
+                ),
+                None,
+            )
             if why is None:
                 return
-            error = self._violated(record, f"torch.distributed.{signature.op}", why)
+            # Beyond _issued, _inside and the hook: the program's call.
+            error = self._violated(record, f"torch.distributed.{signature.op}", why, 4)
         except Exception as exc:
             warn_once("ranks:collective", f"internal error while noting a collective: {exc!r}")
             return
         if error is not None:
             raise error
-
-    def _first_use(self, signature: Signature, group: object, key: object) -> str | None:
-        """Why this call, inside a capture, is its group's (or peer pair's) first use; None where
-        it is not, or where nothing is known to go wrong at a first use."""
-        if signature.group is None or key in self._warm or key in self._told:
-            return None
-        backend = _backend_of(group)
-        said = _group_text(group)
-        if backend == "nccl":
-            if signature.peer is not None:
-                why = f"{said}, sending or receiving {_NCCL_PEER}"
-            elif _nccl_ready(group):
-                return None
-            else:
-                why = f"{said}, {_NCCL_GROUP}"
-        elif backend == "gloo" and self._simulated():
-            why = f"{said}, {_SIMULATED}"
-        else:
-            return None
-        self._told.add(key)
-        return why
 
     def _simulated(self) -> bool:
         """Whether CPU tensors stand for device tensors here (cgguard's simulated runtime)."""
@@ -271,28 +271,10 @@ class RankManifest(Watcher):
         )
         return found
 
-    def _key(
-        self, group: object, signature: Signature, args: tuple[Any, ...], kwargs: Any
-    ) -> object:
-        """The resource a call uses: its group (the default group however named), and for a
-        send or receive, the peer too."""
-        found: object = id(group)
-        if group is None:
-            found = _DEFAULT
-        else:
-            dist = sys.modules.get("torch.distributed")
-            try:
-                if dist is not None and group is dist.distributed_c10d._get_default_group():
-                    found = _DEFAULT
-            except Exception:  # noqa: S110 - no default group: the group is its own key
-                pass
-        if signature.peer is not None:
-            return (found, argument(signature.peer, args, kwargs))
-        return found
-
-    def _violated(self, record: Record, api: str, why: str) -> Any:
+    def _violated(self, record: Record, api: str, why: str, depth: int) -> Any:
+        """Report ``api``'s call, ``depth`` frames above this one, as first_use_in_capture."""
         reporter = self.installation.reporter  # read once: a reconfiguration swaps it whole
-        stack = stack_above(4)  # beyond this, the hook and torch's wrapper: the user's call
+        stack = stack_above(depth)
         return reporter.violated(
             [("first_use_in_capture", record)], api, stack, refuse=True, why=why
         )
@@ -304,7 +286,7 @@ class RankManifest(Watcher):
             self._symmetric.apply(
                 [
                     (module, name, functools.partial(self._symmetric_call, name))
-                    for name in _SYMMETRIC
+                    for name in ("rendezvous", "empty")
                     if callable(vars(module).get(name))
                 ]
             )
@@ -312,31 +294,40 @@ class RankManifest(Watcher):
             warn_once("ranks:symmetric", f"could not watch symmetric memory: {exc!r}")
 
     def _symmetric_call(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        tracker = self.installation.tracker
-        active: dict[Any, Any] = tracker.active if tracker is not None else {}
+        installation = self.installation
 
         @functools.wraps(original)
         def call(*args: Any, **kwargs: Any) -> Any:
-            if active:
+            # The tracker read at each call: the module may be watched before torch is patched.
+            tracker = installation.tracker
+            if tracker is not None and tracker.active:
                 self._symmetric_used(name, args, kwargs)
-            elif name == "rendezvous" and args:
-                # Done outside a capture: the handle is made, and a later rendezvous of the same
-                # tensor and group inside one only looks it up.
-                self._rendezvoused.add(_rendezvous_key(args, kwargs))
+            elif name == "rendezvous":
+                self._rendezvous_outside(args, kwargs)
             return original(*args, **kwargs)
 
         return call
+
+    def _rendezvous_outside(self, args: tuple[Any, ...], kwargs: Any) -> None:
+        try:
+            tensor, group = _rendezvous_arguments(args, kwargs)
+            self.first_use.rendezvous_outside(tensor, group)
+        except Exception as exc:
+            warn_once("ranks:symmetric", f"internal error while noting symmetric memory: {exc!r}")
 
     def _symmetric_used(self, name: str, args: tuple[Any, ...], kwargs: Any) -> None:
         try:
             record = self._capturing()
             if record is None:
-                if name == "rendezvous" and args:
-                    self._rendezvoused.add(_rendezvous_key(args, kwargs))
+                if name == "rendezvous":
+                    self._rendezvous_outside(args, kwargs)
                 return
-            if name == "rendezvous" and _rendezvous_key(args, kwargs) in self._rendezvoused:
+            tensor, group = _rendezvous_arguments(args, kwargs)
+            why = self.first_use.symmetric(name, tensor, group)
+            if why is None:
                 return
-            error = self._violated(record, f"{SYMMETRIC_MEMORY}.{name}", _SYMMETRIC[name])
+            # Beyond _symmetric_used and the hook: the program's call.
+            error = self._violated(record, f"{SYMMETRIC_MEMORY}.{name}", why, 3)
         except Exception as exc:
             warn_once("ranks:symmetric", f"internal error while noting symmetric memory: {exc!r}")
             return
@@ -344,53 +335,27 @@ class RankManifest(Watcher):
             raise error
 
 
-def _rendezvous_key(args: tuple[Any, ...], kwargs: Any) -> tuple[int, object]:
+def _uses(signature: Signature, args: tuple[Any, ...], kwargs: Any) -> list[tuple[Any, Any]]:
+    """The (group, peer) pairs a call uses: one, or each P2POp of a batch (its group and peer:
+    a batch's sends and receives create their pairs' communicators as unbatched ones do not,
+    but a group's first use is still the group's)."""
+    if signature.op == "batch_isend_irecv":
+        ops = argument(signature.payload, args, kwargs) or ()
+        return [(getattr(op, "group", None), None) for op in ops]
+    if signature.group is None:
+        return []
+    return [(argument(signature.group, args, kwargs), peer_of(signature, args, kwargs))]
+
+
+def _rendezvous_arguments(args: tuple[Any, ...], kwargs: Any) -> tuple[Any, Any]:
+    """The tensor and group of a rendezvous (or of an allocation: none)."""
     tensor = args[0] if args else kwargs.get("tensor")
     group = args[1] if len(args) > 1 else kwargs.get("group")
-    pointer = tensor.data_ptr() if hasattr(tensor, "data_ptr") else id(tensor)
-    return pointer, group if isinstance(group, str) else id(group)
+    return tensor, group
 
 
-def _ranks_of(group: object) -> list[int] | None:
-    """The global ranks of ``group`` (None: the default group), where torch.distributed says."""
-    dist = sys.modules.get("torch.distributed")
-    try:
-        if dist is None or not dist.is_initialized():
-            return None
-        resolved = group if group is not None else dist.distributed_c10d._get_default_group()
-        return [int(rank) for rank in dist.get_process_group_ranks(resolved)]
-    except Exception:
-        return None
-
-
-def _group_text(group: object) -> str:
-    ranks = _ranks_of(group)
-    name = "the default group" if group is None else "a group"
-    backend = _backend_of(group)
-    said = f"{name} of ranks {ranks}" if ranks is not None else name
-    return f"{said} ({backend})" if backend else said
-
-
-def _backend_of(group: object) -> str:
-    dist = sys.modules.get("torch.distributed")
-    try:
-        return str(dist.get_backend(group)) if dist is not None else ""
-    except Exception:
-        return ""
-
-
-def _nccl_ready(group: object) -> bool:
-    """Whether ``group``'s NCCL communicator exists: made eagerly (its bound device), or
-    initialised (``ProcessGroupNCCL._is_initialized``, torch 2.13); False where not known."""
-    dist, torch = sys.modules.get("torch.distributed"), sys.modules.get("torch")
-    try:
-        if dist is None or torch is None:
-            return False
-        resolved: Any = group if group is not None else dist.distributed_c10d._get_default_group()
-        if getattr(resolved, "bound_device_id", None) is not None:
-            return True
-        backend = resolved._get_backend(torch.device("cuda"))
-        initialized = getattr(backend, "_is_initialized", None)
-        return bool(initialized()) if initialized is not None else False
-    except Exception:
-        return False
+def _remaps() -> dict[Any, Any]:
+    """torch.compile's table of traceable collectives; empty where torch has none."""
+    module = sys.modules.get(_REMAPS)
+    table = getattr(module, "traceable_collective_remaps", None)
+    return table if isinstance(table, dict) else {}

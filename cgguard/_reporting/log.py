@@ -379,10 +379,13 @@ def _isatty(stream: object) -> bool:
 
 
 def wants_colors(stream: object, environ: Mapping[str, str]) -> bool:
-    """Whether console events on ``stream`` are coloured: as Python 3.13 decides for its own
-    tracebacks, ``NO_COLOR`` (no-color.org) set and not empty turns colours off, then
-    ``FORCE_COLOR`` set and not empty turns them on even off a terminal (a CI log), then a
-    ``TERM`` of ``dumb`` turns them off; otherwise a terminal gets them."""
+    """Whether console events on ``stream`` are coloured, in the order Python 3.13 decides for
+    its own tracebacks: ``PYTHON_COLORS`` (``0`` off, ``1`` on), then ``NO_COLOR`` set and not
+    empty (no-color.org) off, then ``FORCE_COLOR`` set and not empty on, even off a terminal (a
+    CI log), then a ``TERM`` of ``dumb`` off; otherwise a terminal gets them."""
+    python = environ.get("PYTHON_COLORS")
+    if python in ("0", "1"):
+        return python == "1"
     if environ.get("NO_COLOR"):
         return False
     if environ.get("FORCE_COLOR"):

@@ -248,11 +248,22 @@ def _served_threads(bootstrap_inner: Callable[[threading.Thread], None]) -> Any:
     3.10 to 3.14), before its ``run()``."""
 
     def _bootstrap_inner(self: threading.Thread) -> None:
+        served = False
         if _serving:
             # The thread must run whatever happens here; its requests then fail clearly.
             with contextlib.suppress(Exception):
                 _serve_this_thread()
-        bootstrap_inner(self)
+                served = True
+        try:
+            bootstrap_inner(self)
+        finally:
+            if served:
+                # Off again before the thread ends: its mode stack is thread-local state of
+                # torch's C++, and a Python object left there is released when the thread's
+                # storage is torn down, without the interpreter, which aborts the process
+                # ("terminate called without an active exception") when that races its exit.
+                with contextlib.suppress(Exception):
+                    _leave_this_thread()
 
     return _bootstrap_inner
 
