@@ -14,9 +14,9 @@ from cgguard._config import settings as _settings
 from cgguard._config.config import Config
 from cgguard._core.installation import Installation
 from cgguard._data.ledger import Run
-from cgguard._data.manifest import has_identity
 from cgguard._errors import ConfigError
 from cgguard._gate.profiles import exemptions as profile_exemptions
+from cgguard._reporting.events import ranks as launcher_ranks
 from cgguard._reporting.log import EventLog
 from cgguard._reporting.report_file import ReportFile
 from cgguard._reporting.reporter import Reporter
@@ -328,7 +328,7 @@ def _watchers(
         from cgguard._inspect.inspector import Inspector
 
         watchers.append(Inspector(installation, process.inspections, config.inspect_first))
-    if config.manifest and has_identity(distributed=_distributed()):
+    if config.manifest and (launcher_ranks() or _distributed()):
         # Last: a capture's inputs, which key it in the manifest, are noted by then.
         from cgguard._ranks.watcher import RankManifest
 
@@ -354,12 +354,13 @@ RANK_CHECK_TIMEOUT = 120.0
 def _check_ranks_after_windows(
     process: _process.Process, installation: Installation | None
 ) -> None:
-    """Compare the ranks each time a capture window closes, for ``installation`` (None: not)."""
-    from cgguard._ranks.check import after_window
-
+    """Compare the ranks each time a capture window closes, for ``installation`` (None: not);
+    the rank check is the one listener to window closes."""
     closing = process.gate.windows.closing
-    closing[:] = [c for c in closing if getattr(c, "func", None) is not after_window]
+    closing.clear()
     if installation is not None:
+        from cgguard._ranks.check import after_window
+
         closing.append(functools.partial(after_window, installation, RANK_CHECK_TIMEOUT))
 
 
@@ -390,11 +391,9 @@ def check_ranks(timeout: float = 60.0) -> list[RankDifference]:
 
 def _distributed() -> bool:
     """Whether torch.distributed has a default group in this process (never imports it)."""
-    dist = sys.modules.get("torch.distributed")
-    try:
-        return bool(dist is not None and dist.is_available() and dist.is_initialized())
-    except Exception:
-        return False
+    from cgguard._ranks.first_use import distributed
+
+    return distributed() is not None
 
 
 def _census_watcher(

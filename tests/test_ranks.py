@@ -668,3 +668,27 @@ def test_a_window_closed_by_an_exception_runs_no_rank_check(group: Any, simulate
     with pytest.raises(ValueError, match="interrupted"):
         failing_capture_model()
     assert manifest.checks == 0
+
+
+def capture_phases() -> Any:
+    """A generator capture window: captures at each step, yielding between them."""
+    import torch
+
+    for _ in range(3):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            torch.ones(2).add_(1)
+        yield
+
+
+def test_rank_check_runs_at_each_close_and_not_at_a_pause(group: Any, simulated: Any) -> None:
+    """A window closed three times in a loop is three checks; a generator window's yields
+    pause it, and only its end is a check."""
+    windows = f"{__name__}:capture_model,{__name__}:capture_phases"
+    cgguard.install(cgguard.Config(mode="log", windows=windows, rank_check=True))
+    manifest = cgguard._process.PROCESS.installation.run.manifest  # type: ignore[union-attr]
+    for _ in range(3):
+        capture_model()
+    assert manifest.checks == 3
+    for _ in capture_phases():
+        pass
+    assert manifest.checks == 4

@@ -203,11 +203,9 @@ def render_markdown(merged: Merged, top: int = view.TOP) -> Iterator[str]:
             stacks = view.lines_of(view.stacks(dict(site.first)))
             yield f"\n### {heading}\n\n{_fence([message, *stacks])}\n"
     if merged.exempted:
-        yield "\n## Exempted\n\n" + _header(["rule", "site", "exemption", "count", "processes"])
+        yield "\n## Exempted\n\n" + _header(view.EXEMPTED_COLUMNS)
         for site in merged.exempted:
-            place = view.site_line(site.top)
-            processes = view.hits(site, top, "exempted")
-            yield _row([site.rule, place, site.exemption, site.count, processes])
+            yield _row(view.exempted_row(site, top))
     yield from _ranks_markdown(merged)
     census = merged.census.summary()
     if census:
@@ -269,25 +267,18 @@ _RENDERERS: dict[str, Callable[[Merged, int], Iterator[str]]] = {
 }
 
 
-def _byte_count(text: str) -> int:
-    """--max-bytes: a whole number of bytes above 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of bytes above 0")
-    return value
+def _whole_above_zero(unit: str) -> Callable[[str], int]:
+    """An option's value: a whole number of ``unit`` above 0 (--max-bytes, --top)."""
 
+    def value(text: str) -> int:
+        try:
+            number = int(text)
+        except ValueError:
+            number = 0
+        if number < 1:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of {unit} above 0")
+        return number
 
-def _process_count(text: str) -> int:
-    """--top: a whole number of processes above 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of processes above 0")
     return value
 
 
@@ -366,7 +357,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--top",
-        type=_process_count,
+        type=_whole_above_zero("processes"),
         default=view.TOP,
         metavar="N",
         help=f"name at most N processes under each site and in the list of processes, those "
@@ -375,7 +366,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-bytes",
-        type=_byte_count,
+        type=_whole_above_zero("bytes"),
         default=MAX_BYTES,
         metavar="N",
         help=f"refuse a report larger than N bytes without reading it (default {MAX_BYTES}, "

@@ -193,18 +193,9 @@ def _first_event(site: JobRuleSite) -> str:
 
 def _exempted(sites: Sequence[JobRuleSite], top: int) -> Iterator[str]:
     yield '<section id="exempted">\n<h2>Exempted</h2>\n'
-    yield _head(["rule", "site", "exemption", "count", "processes"])
+    yield _head(view.EXEMPTED_COLUMNS)
     for site in sites:
-        yield _cells(
-            [
-                site.rule,
-                view.site_line(site.top),
-                site.exemption,
-                site.count,
-                view.hits(site, top, "exempted"),
-            ],
-            (False, False, False, True, False),
-        )
+        yield _cells(view.exempted_row(site, top), (False, False, False, True, False))
     yield "</table>\n</section>\n"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from cgguard._data.census_merge import counted
 from cgguard._data.rank_compare import RankDifference, agreement, compare, rank_of
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ class Ranks:
         if not found:
             return agreement(self.manifests)
         return (
-            f"{count} ranks compared: {len(found)} difference{'s' if len(found) != 1 else ''}, "
+            f"{count} ranks compared: {counted(len(found), 'difference')}, "
             "the ranks on each side named"
         )
 
@@ -65,13 +66,13 @@ class Ranks:
         said = []
         if self.apart and self.manifests:
             said.append(
-                f"{len(self.apart)} process{'es' if len(self.apart) != 1 else ''} without a rank "
+                f"{counted(len(self.apart), 'process', 'processes')} without a rank "
                 "identity or a capture manifest (a launcher, CGGUARD_MANIFEST=0)"
             )
         if self.twice:
             ranks = sorted({rank for rank, _ in self.twice})
             said.append(
-                f"{len(self.twice)} report{'s' if len(self.twice) != 1 else ''} of a rank already "
+                f"{counted(len(self.twice), 'report')} of a rank already "
                 f"compared (ranks {', '.join(map(str, ranks))}: a restarted process?)"
             )
         return "left out: " + "; ".join(said) if said else None

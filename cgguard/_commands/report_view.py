@@ -205,6 +205,7 @@ SITE_COLUMNS = ("rule", "site", "count", "raised", "logged", "processes")
 PROCESS_COLUMNS = ("host", "pid", "rank", "local_rank", "world_size", "violations", "raised",
                    "logged", "exempted", "report")  # fmt: skip
 DIFFERENCE_COLUMNS = ("kind", "ranks", "differ from", "capture", "where they part")
+EXEMPTED_COLUMNS = ("rule", "site", "exemption", "count", "processes")
 
 
 def site_row(site: JobRuleSite, top: int) -> list[object]:
@@ -212,6 +213,12 @@ def site_row(site: JobRuleSite, top: int) -> list[object]:
     actions = site.actions()
     place = site_line(site.top)
     return [site.rule, place, site.count, actions[RAISED], actions[LOGGED], hits(site, top)]
+
+
+def exempted_row(site: JobRuleSite, top: int) -> list[object]:
+    """An exempted site's row: rule, place, exemption, count, the processes it let through."""
+    place = site_line(site.top)
+    return [site.rule, place, site.exemption, site.count, hits(site, top, "exempted")]
 
 
 def process_row(process: Process) -> list[object]:

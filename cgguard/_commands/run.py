@@ -65,49 +65,6 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-# What each option does, a sentence for people; the option's values and the variable it sets
-# come from the settings' table. tests/test_runner.py keeps one here for every setting.
-_HELP = {
-    "mode": "what a broken capture rule does: raise stops the offending call with an exception, "
-    "log reports it and lets the call go on (and fail as CUDA fails)",
-    "log_format": "how events are written: one JSON object a line, or console's coloured lines "
-    "(json by default, console when events go to a terminal)",
-    "log_file": "append events to this file, in every process of the program (e.g. "
-    "/var/log/cgguard.jsonl)",
-    "log_target": "where events go: stderr, the --log-file, or the standard library logger "
-    "'cgguard' (logging)",
-    "log_level": "the least severe event written to the log: debug (every event, exempted "
-    "captures included), info (the census at exit), warning (logged violations, the summary) "
-    "or error (raised violations); the report and the metrics still count every one",
-    "report": "write a JSON report of violations and the capture census to PATH at exit and as "
-    "violations appear; {pid} becomes each process's id (e.g. --report 'reports/r-{pid}.json'), "
-    "read them with 'cgguard report'",
-    "capture": "the capture flag at start: disabled refuses every capture until the program "
-    "calls cgguard.set_capture_enabled(True)",
-    "simulate_cuda": "run on cgguard's simulated CUDA runtime, for demos and CI without a GPU",
-    "vllm_bridge": "follow vLLM's own capture flag, so a capture vLLM would refuse is refused",
-    "exempt": "let these captures break a rule without a violation",
-    "exempt_file": "read exemptions from a file, one RULE=PLACE a line, '#' starts a comment",
-    "windows": "let captures happen only while these functions run or these flags are true "
-    "(e.g. --window 'mypkg.runner:Runner.capture_model')",
-    "profiles": "vLLM's, SGLang's and TensorRT-LLM's built-in capture windows: log their "
-    "refusals, let --mode decide (raise), or leave them off",
-    "inspect": "watch each capture op by op and each replay: .item() and other implicit "
-    "synchronizes, RNG calls, replays of graphs whose inputs were freed or rebound",
-    "inspect_first": "inspect only the first N captures of each site (e.g. 3), to bound the "
-    "cost in a long-running server",
-    "census": "count, time and weigh every capture per site, and torch.compile's skipped "
-    "cudagraphs, printed at exit and written to the report",
-    "census_replays": "count each graph's replays in the census too (wraps CUDAGraph.replay)",
-    "manifest": "keep the capture manifest where the process is one rank of a job: each "
-    "capture in order, with the collectives issued inside it, for 'cgguard report' to compare "
-    "the ranks",
-    "rank_check": "compare the ranks' manifests through torch.distributed's store when a "
-    "capture window closes, and report the ranks that captured differently or never arrived",
-    "metrics": "export cgguard's counters to prometheus_client's default registry, for the "
-    "/metrics endpoint the program serves",
-}
-
 _RUN_EPILOG = """\
 Each option sets the CGGUARD_* variable named beside it, in the program and in every process
 it starts; the runner's options win over those variables, and any other CGGUARD_* variable
@@ -142,7 +99,7 @@ def run_parser() -> argparse.ArgumentParser:
                 dest=setting.field,
                 action=argparse.BooleanOptionalAction,
                 default=None,
-                help=f"{_HELP[setting.field]}; {default} by default ({setting.variable})",
+                help=f"{setting.help}; {default} by default ({setting.variable})",
             )
         elif (listed := _listed(setting.choices)) is not None:
             parser.add_argument(
@@ -151,7 +108,7 @@ def run_parser() -> argparse.ArgumentParser:
                 action="append",
                 type=listed.check,
                 metavar=listed.metavar,
-                help=f"{_HELP[setting.field]}: {listed.what}, {accepted(setting.choices)}; "
+                help=f"{setting.help}: {listed.what}, {accepted(setting.choices)}; "
                 f"repeatable ({setting.variable})",
             )
         else:
@@ -166,7 +123,7 @@ def run_parser() -> argparse.ArgumentParser:
                 dest=setting.field,
                 type=_value_of(setting),
                 metavar=metavar,
-                help=f"{_HELP[setting.field]} ({setting.variable})",
+                help=f"{setting.help} ({setting.variable})",
             )
     parser.add_argument(
         "--rule",

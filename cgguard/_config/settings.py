@@ -50,7 +50,7 @@ SHOWN = 200
 class Setting:
     """One Config field: its variable, what it accepts, its default, and what unset means."""
 
-    __slots__ = ("choices", "default", "fallback", "field", "name", "unset", "variable")
+    __slots__ = ("choices", "default", "fallback", "field", "help", "name", "unset", "variable")
 
     def __init__(
         self,
@@ -61,8 +61,11 @@ class Setting:
         *,
         name: str = "",
         fallback: "Any" = None,
+        help: str = "",
     ) -> None:
         self.field = field
+        # What the setting does, a sentence for people: the runner's --help.
+        self.help = help
         # The variable's and the option's name, where it is not the field's: one window each.
         self.name = name or field
         self.variable = "CGGUARD_" + self.name.upper()
@@ -109,35 +112,191 @@ class Setting:
 SETTINGS: "dict[str, Setting]" = {
     s.field: s
     for s in (
-        Setting("mode", ("raise", "log"), "raise", fallback="log"),
         Setting(
-            "log_format", ("json", "console"), None, "json, or console when stderr is a terminal"
+            "mode",
+            ("raise", "log"),
+            "raise",
+            fallback="log",
+            help=(
+                "what a broken capture rule does: raise stops the offending call with an "
+                "exception, log reports it and lets the call go on (and fail as CUDA fails)"
+            ),
         ),
-        Setting("log_file", PATH, None, "none"),
         Setting(
-            "log_target", ("stderr", "file", "logging"), None, "stderr, or the log file when set"
+            "log_format",
+            ("json", "console"),
+            None,
+            "json, or console when stderr is a terminal",
+            help=(
+                "how events are written: one JSON object a line, or console's coloured lines "
+                "(json by default, console when events go to a terminal)"
+            ),
+        ),
+        Setting(
+            "log_file",
+            PATH,
+            None,
+            "none",
+            help=(
+                "append events to this file, in every process of the program (e.g. "
+                "/var/log/cgguard.jsonl)"
+            ),
+        ),
+        Setting(
+            "log_target",
+            ("stderr", "file", "logging"),
+            None,
+            "stderr, or the log file when set",
+            help=(
+                "where events go: stderr, the --log-file, or the standard library logger "
+                "'cgguard' (logging)"
+            ),
         ),
         # The least severe event written to the log; every event still reaches the report,
         # the census, the metrics and pytest's plugin.
-        Setting("log_level", LEVELS, "debug"),
-        Setting("report", PATH, None, "none"),
-        Setting("capture", ("enabled", "disabled"), None, "as it is (enabled at start)"),
-        Setting("simulate_cuda", BOOL, False),
-        Setting("vllm_bridge", BOOL, True),
-        Setting("exempt", EXEMPT, (), "none"),
-        Setting("exempt_file", PATH, None, "none"),
-        Setting("windows", WINDOWS, (), "none", name="window"),
+        Setting(
+            "log_level",
+            LEVELS,
+            "debug",
+            help=(
+                "the least severe event written to the log: debug (every event, exempted captures"
+                " included), info (the census at exit), warning (logged violations, the summary) "
+                "or error (raised violations); the report and the metrics still count every one"
+            ),
+        ),
+        Setting(
+            "report",
+            PATH,
+            None,
+            "none",
+            help=(
+                "write a JSON report of violations and the capture census to PATH at exit and as "
+                "violations appear; {pid} becomes each process's id (e.g. --report "
+                "'reports/r-{pid}.json'), read them with 'cgguard report'"
+            ),
+        ),
+        Setting(
+            "capture",
+            ("enabled", "disabled"),
+            None,
+            "as it is (enabled at start)",
+            help=(
+                "the capture flag at start: disabled refuses every capture until the program "
+                "calls cgguard.set_capture_enabled(True)"
+            ),
+        ),
+        Setting(
+            "simulate_cuda",
+            BOOL,
+            False,
+            help=("run on cgguard's simulated CUDA runtime, for demos and CI without a GPU"),
+        ),
+        Setting(
+            "vllm_bridge",
+            BOOL,
+            True,
+            help=("follow vLLM's own capture flag, so a capture vLLM would refuse is refused"),
+        ),
+        Setting(
+            "exempt",
+            EXEMPT,
+            (),
+            "none",
+            help=("let these captures break a rule without a violation"),
+        ),
+        Setting(
+            "exempt_file",
+            PATH,
+            None,
+            "none",
+            help=("read exemptions from a file, one RULE=PLACE a line, '#' starts a comment"),
+        ),
+        Setting(
+            "windows",
+            WINDOWS,
+            (),
+            "none",
+            name="window",
+            help=(
+                "let captures happen only while these functions run or these flags are true (e.g."
+                " --window 'mypkg.runner:Runner.capture_model')"
+            ),
+        ),
         # The built-in profiles (cgguard._gate.profiles): on, with their refusals logged even in
         # raise mode (their first release), "raise" to let the mode decide, or "off".
-        Setting("profiles", ("log", "raise", "off"), "log"),
-        Setting("inspect", BOOL, False),
-        Setting("inspect_first", COUNT, None, "every capture of each site"),
-        Setting("census", BOOL, True),
-        Setting("census_replays", BOOL, False),
-        Setting("metrics", ("prometheus",), None, "none"),
+        Setting(
+            "profiles",
+            ("log", "raise", "off"),
+            "log",
+            help=(
+                "vLLM's, SGLang's and TensorRT-LLM's built-in capture windows: log their "
+                "refusals, let --mode decide (raise), or leave them off"
+            ),
+        ),
+        Setting(
+            "inspect",
+            BOOL,
+            False,
+            help=(
+                "watch each capture op by op and each replay: .item() and other implicit "
+                "synchronizes, RNG calls, replays of graphs whose inputs were freed or rebound"
+            ),
+        ),
+        Setting(
+            "inspect_first",
+            COUNT,
+            None,
+            "every capture of each site",
+            help=(
+                "inspect only the first N captures of each site (e.g. 3), to bound the cost in a "
+                "long-running server"
+            ),
+        ),
+        Setting(
+            "census",
+            BOOL,
+            True,
+            help=(
+                "count, time and weigh every capture per site, and torch.compile's skipped "
+                "cudagraphs, printed at exit and written to the report"
+            ),
+        ),
+        Setting(
+            "census_replays",
+            BOOL,
+            False,
+            help=("count each graph's replays in the census too (wraps CUDAGraph.replay)"),
+        ),
+        Setting(
+            "metrics",
+            ("prometheus",),
+            None,
+            "none",
+            help=(
+                "export cgguard's counters to prometheus_client's default registry, for the "
+                "/metrics endpoint the program serves"
+            ),
+        ),
         # The capture manifest, where the process is one rank of a job, and its live check.
-        Setting("manifest", BOOL, True),
-        Setting("rank_check", BOOL, False),
+        Setting(
+            "manifest",
+            BOOL,
+            True,
+            help=(
+                "keep the capture manifest where the process is one rank of a job: each capture "
+                "in order, with the collectives issued inside it, for 'cgguard report' to compare"
+                " the ranks"
+            ),
+        ),
+        Setting(
+            "rank_check",
+            BOOL,
+            False,
+            help=(
+                "compare the ranks' manifests through torch.distributed's store when a capture "
+                "window closes, and report the ranks that captured differently or never arrived"
+            ),
+        ),
     )
 }
 

@@ -14,9 +14,10 @@ counted at its site. A server captures at start-up, a few hundred graphs, and ra
 
 from __future__ import annotations
 
-import os
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cgguard._support.frames import place_text
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -28,24 +29,6 @@ if TYPE_CHECKING:
 KEPT = 2048
 # Collectives kept per capture, in order; more are counted.
 COLLECTIVES_KEPT = 256
-
-# Where a launcher says which process of a job this is (torchrun, torch.distributed.launch,
-# SLURM through torchrun, Ray Train's workers): a process with one of them has a rank identity.
-IDENTITY_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
-
-
-def has_identity(environ: Any = None, *, distributed: bool = False) -> bool:
-    """Whether this process is one rank of a job: a launcher's variable is set, or
-    torch.distributed has a default group (``distributed``)."""
-    environ = os.environ if environ is None else environ
-    return distributed or any(name in environ for name in IDENTITY_VARIABLES)
-
-
-def site_text(place: Place | None) -> str:
-    """A capture's site in a line: ``file:line (in function)``, or "an unknown site"."""
-    if place is None:
-        return "an unknown site"
-    return f"{place[0]}:{place[1]} (in {place[2]})"
 
 
 class Capture:
@@ -100,7 +83,7 @@ class Manifest:
     def begin(self, place: Place | None, key: str | None = None) -> Capture:
         """A capture begins at ``place``; its key, unless given, is its ordinal at its site
         ("call 3": the third capture there), the same on ranks that run the same code."""
-        site = site_text(place)
+        site = place_text(place)
         with self._lock:
             ordinal = self.per_site.get(site, 0) + 1
             self.per_site[site] = ordinal

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from cgguard._data.census_merge import counted
+
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 
@@ -178,8 +180,8 @@ def _collective_parted(
     extra = (texts if len(texts) > len(others) else others)[min(len(texts), len(others))]
     count = abs(len(texts) - len(others))
     return (
-        f"{more} issue{'s' if more.startswith('rank ') else ''} {count} more collective"
-        f"{'s' if count != 1 else ''} than {fewer}, the first {extra}"
+        f"{more} issue{'s' if more.startswith('rank ') else ''} "
+        f"{counted(count, 'more collective', 'more collectives')} than {fewer}, the first {extra}"
     )
 
 
@@ -221,7 +223,6 @@ def agreement(manifests: Mapping[int, ManifestDocument]) -> str:
     collectives = sum(len(c["collectives"]) for c in any_rank["captures"])
     count = len(manifests)
     return (
-        f"{count} rank{'s' if count != 1 else ''} agree: {captures} capture"
-        f"{'s' if captures != 1 else ''}, {collectives} collective"
-        f"{'s' if collectives != 1 else ''} inside them"
+        f"{counted(count, 'rank')} agree: {counted(captures, 'capture')}, "
+        f"{counted(collectives, 'collective')} inside them"
     )

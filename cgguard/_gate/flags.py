@@ -107,8 +107,8 @@ class Windows:
         self.closed: tuple[str, str, Snapshot] | None = None
         # Called once when the first window is entered: joins the followed flags.
         self.on_entered: Callable[[], None] = _nothing
-        # Told each time these windows close, with the entry that closed them (the live check
-        # of a job's ranks registers here): the registry's one list, shared by every set.
+        # Told each time the last call of these windows ends, with its entry (the live check of
+        # a job's ranks listens here): the registry's one list, shared by every set.
         self.on_closed: list[Callable[[str], None]] = []
 
     @property
@@ -146,6 +146,10 @@ class Windows:
         or (``what`` WITH_ENDED) the last ``with`` body of a context window ended there; or
         (``what`` SUSPENDED) the last generator or coroutine running one gave way to it."""
         self.closed = (entry, what or RETURNED, snapshot_from(caller))
+
+    def ended(self, entry: str) -> None:
+        """The last call under way of these windows ended (``entry``'s), not only paused at a
+        yield or an await: what listens for it is told, every time."""
         for listener in self.on_closed:
             listener(entry)
 

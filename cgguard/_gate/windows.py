@@ -187,6 +187,8 @@ class Entry:
             return
         if not windows.calls:
             self.closed_at(caller, what)
+            if what is not SUSPENDED and windows.on_closed:
+                windows.ended(self.entry)
 
     def closed_at(self, caller: FrameType, what: str = "") -> None:
         """The last call under way of these windows returned: they close at its caller."""
@@ -386,6 +388,8 @@ def _function_window(hook: _Hook, found: Any) -> Callable[..., Any]:
                         or closed[2][1] != caller.f_lasti
                     ):
                         windows.close(entry.entry, caller)
+                    if windows.on_closed:
+                        windows.ended(entry.entry)
             # What only runs once returned: a generator or coroutine made by a function
             # inspect cannot tell (a wrapper without __wrapped__, a compiled one).
             if type(result) in _STEPPED:

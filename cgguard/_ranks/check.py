@@ -23,7 +23,9 @@ import sys
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from cgguard._data.census_merge import counted
 from cgguard._data.rank_compare import RankDifference, compare, missing
+from cgguard._ranks.first_use import distributed
 from cgguard._support.frames import stack_above
 from cgguard._support.warn import warn_once
 
@@ -62,15 +64,11 @@ def check_ranks(
 ) -> list[RankDifference]:
     """Compare this rank's capture manifest with every other rank's, through the store; report
     what differs as one rank_divergence event, and return it. ``depth``: frames between the
-    program's call and here, for the event's stack."""
-    seconds = checked_timeout(timeout)
-    dist = sys.modules.get("torch.distributed")
+    program's call and here, for the event's stack. ``timeout``: seconds, as
+    checked_timeout() accepts them."""
+    dist = distributed()
     manifest = installation.run.manifest
-    try:
-        initialized = dist is not None and dist.is_available() and dist.is_initialized()
-    except Exception:
-        initialized = False
-    if dist is None or not initialized:
+    if dist is None:
         warn_once(
             "ranks:check",
             "check_ranks: torch.distributed has no default group in this process "
@@ -86,7 +84,7 @@ def check_ranks(
         return []
     manifest.checks += 1
     try:
-        found = _exchange(dist, manifest.checks, exchanged(manifest.document()), seconds)
+        found = _exchange(dist, manifest.checks, exchanged(manifest.document()), timeout)
     except Exception as exc:
         warn_once(
             f"ranks:store:{manifest.checks}",
@@ -105,7 +103,7 @@ def _exchange(
     rank, world = dist.get_rank(), dist.get_world_size()
     store = dist.distributed_c10d._get_default_store()
     text = json.dumps(document, separators=(",", ":"))
-    digest = hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+    digest = _digest(text, 16)
     here = f"{PREFIX}/{check}"
     store.set(f"{here}/{rank}/manifest", text)
     store.set(f"{here}/{rank}/digest", digest)
@@ -141,11 +139,13 @@ def exchanged(document: ManifestDocument) -> ManifestDocument:
     for capture in document["captures"]:
         collectives = capture["collectives"]
         if len(collectives) > COLLECTIVES_EXCHANGED:
-            text = json.dumps(collectives, separators=(",", ":"))
-            digest = hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
-            said = f"{len(collectives)} collectives {digest}"
+            said = f"{len(collectives)} collectives {_digest(json.dumps(collectives), 8)}"
             capture["collectives"] = [{"op": said, "ranks": None, "dtype": None, "numel": 0}]
     return document
+
+
+def _digest(text: str, size: int) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=size).hexdigest()
 
 
 def _tell(installation: Installation, found: list[RankDifference], depth: int) -> None:
@@ -154,7 +154,7 @@ def _tell(installation: Installation, found: list[RankDifference], depth: int) -
     details = [difference.detail for difference in found[:TOLD]]
     more = f"; and {len(found) - TOLD} more" if len(found) > TOLD else ""
     count = len(found)
-    why = f"{count} difference{'s' if count != 1 else ''} between the ranks: "
+    why = f"{counted(count, 'difference')} between the ranks: "
     why += "; ".join(details) + more
     reporter = installation.reporter  # read once: a reconfiguration swaps it whole
     error = reporter.violated(

@@ -138,16 +138,25 @@ def rendezvous_key(tensor: object, group: object) -> tuple[int, object]:
     return address, group if isinstance(group, str) else id(group)
 
 
-def default_group() -> object:
-    """torch.distributed's default group, None where there is none."""
+def distributed() -> Any:
+    """torch.distributed where it has a default group in this process, else None; never
+    imports it."""
     dist = sys.modules.get("torch.distributed")
     try:
-        if dist is not None and dist.is_initialized():
-            found: object = dist.distributed_c10d._get_default_group()
-            return found
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist
     except Exception:  # noqa: S110 - being torn down: none
         pass
     return None
+
+
+def default_group() -> object:
+    """torch.distributed's default group, None where there is none."""
+    dist = distributed()
+    try:
+        return dist.distributed_c10d._get_default_group() if dist is not None else None
+    except Exception:  # being torn down: none
+        return None
 
 
 def resolved(group: object) -> object:
@@ -157,11 +166,11 @@ def resolved(group: object) -> object:
 
 def ranks_of(group: object) -> list[int] | None:
     """The global ranks of ``group`` (None: the default group), where torch.distributed says."""
-    dist = sys.modules.get("torch.distributed")
+    dist = distributed()
     try:
-        if dist is None or not dist.is_initialized():
+        if dist is None:
             return None
-        found = group if group is not None else dist.distributed_c10d._get_default_group()
+        found = group if group is not None else default_group()
         return [int(rank) for rank in dist.get_process_group_ranks(found)]
     except Exception:
         return None
@@ -187,11 +196,11 @@ def backend_of(group: object) -> str:
 def nccl_ready(group: object) -> bool:
     """Whether ``group``'s NCCL communicator exists: made eagerly (its bound device), or
     initialised (``ProcessGroupNCCL._is_initialized``, torch 2.13); False where not known."""
-    dist, torch = sys.modules.get("torch.distributed"), sys.modules.get("torch")
+    torch = sys.modules.get("torch")
     try:
-        if dist is None or torch is None:
+        if torch is None or distributed() is None:
             return False
-        found: Any = group if group is not None else dist.distributed_c10d._get_default_group()
+        found: Any = group if group is not None else default_group()
         if getattr(found, "bound_device_id", None) is not None:
             return True
         backend = found._get_backend(torch.device("cuda"))

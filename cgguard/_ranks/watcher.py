@@ -2,7 +2,8 @@
 with the collectives its thread issues inside it; and a communication resource's first use
 inside a capture (first_use_in_capture, cgguard._ranks.first_use).
 
-On only where the process has a rank identity (cgguard._data.manifest.has_identity): any other
+On only where the process has a rank identity (a launcher's RANK, LOCAL_RANK or WORLD_SIZE,
+or a default group at install): any other
 process pays nothing for it, on the capture path or in its collectives. One watcher serves an
 installation through its reconfigurations, so that what it knows of the groups used, and the
 hooks that tell it, stay one.
@@ -25,7 +26,7 @@ from cgguard._ranks.collectives import (
     peer_of,
     signature_of,
 )
-from cgguard._ranks.first_use import FirstUse, ranks_of
+from cgguard._ranks.first_use import FirstUse, distributed, ranks_of
 from cgguard._reporting.events import ranks as launcher_identity
 from cgguard._rules.record import BEGAN_AT, ENDED, REFUSED, THREAD
 from cgguard._support.frames import place_of, site_of, stack_above
@@ -51,9 +52,9 @@ _REMAPS = "torch.distributed._functional_collectives"
 
 def distributed_identity() -> dict[str, int]:
     """torch.distributed's rank and world size, where a default group exists now."""
-    dist = sys.modules.get("torch.distributed")
+    dist = distributed()
     try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
+        if dist is not None:
             return {"dist_rank": dist.get_rank(), "dist_world_size": dist.get_world_size()}
     except Exception as exc:  # a group being torn down
         warn_once("ranks:identity", f"could not read torch.distributed's rank: {exc!r}")
@@ -79,8 +80,6 @@ class RankManifest(Watcher):
         self._symmetric = PatchSet()
         self._local = threading.local()  # whether this thread is inside a watched call
         self._distributed: dict[str, int] = {}  # torch.distributed's rank, once seen
-        # The last capture's (code, instruction, place): one tuple, replaced whole.
-        self._last: tuple[Any, int, Place | None] = (None, -1, None)
         # One wrapper per torch function, put under each of its names; and the wrappers added
         # to torch.compile's table, taken out again when the watcher retires.
         self._wrappers: dict[int, tuple[Callable[..., Any], Callable[..., Any]]] = {}
@@ -96,15 +95,8 @@ class RankManifest(Watcher):
         return (record, capture, graph if self.inputs_key is not None else None)
 
     def _place(self, record: Record) -> Place | None:
-        """Where a capture began, by value; the last one found is remembered, as the census
-        remembers its last site: captures made in a loop find theirs at once."""
-        code, lasti = site_of(record[BEGAN_AT])
-        last = self._last
-        if code is last[0] and lasti == last[1]:
-            return last[2]
-        place = place_of(code, lasti)
-        self._last = (code, lasti, place)
-        return place
+        """Where a capture began, by value (place_of caches per code object)."""
+        return place_of(*site_of(record[BEGAN_AT]))
 
     def closed(self, token: Any, outcome: str, error: BaseException | None) -> None:
         record, capture, graph = token

@@ -351,7 +351,15 @@ def where(frames: list[FrameInfo]) -> str:
     if not frames:
         return "<unknown>"
     last = frames[-1]
-    return f"{last['file']}:{last['line']} (in {last['function']})"
+    return place_text((last["file"], last["line"], last["function"]))
+
+
+def place_text(place: Place | None) -> str:
+    """A place as ``file:line (in function)``; "an unknown site" for none (code cgguard could
+    not see)."""
+    if place is None:
+        return "an unknown site"
+    return f"{place[0]}:{place[1]} (in {place[2]})"
 
 
 def format_frames(frames: list[FrameInfo]) -> str:
