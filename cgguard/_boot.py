@@ -45,12 +45,12 @@ CHECK_ENVIRONMENT = "cgguard._config.settings:activation_says_on"
 # keeps, here rather than on the installation, so that an idle activation loads nothing more.
 activated_by: "str | None" = None
 
-# What else has switched cgguard on in this process ("install"), or speaks for the process
-# itself ("pytest", whose plugin reads its options after conftest files may import torch, and
-# says so in its summary). While none has and nothing activated, set CGGUARD_* variables are
-# said to go unheeded at torch's import: a misspelt CGGUARD_ENABLED would otherwise leave the
-# program unguarded in silence.
-switchers: "set[str]" = set()
+# Whether something else has switched cgguard on in this process (install()), or speaks for
+# the process itself (the pytest plugin, which reads its options after conftest files may import
+# torch, and says so in its summary). While nothing has and nothing activated, set CGGUARD_*
+# variables are said to go unheeded at torch's import: a misspelt CGGUARD_ENABLED would
+# otherwise leave the program unguarded in silence.
+switched_on = False
 SAY_IF_OFF = "cgguard._config.settings:say_if_off"
 
 

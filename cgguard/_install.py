@@ -86,7 +86,7 @@ def install(config: Config | None = None) -> None:
             f"install(config={config!r}): accepted values are None or a cgguard.Config"
         )
     # Switched on by the program itself: set CGGUARD_* variables are not left unheeded.
-    _boot.switchers.add("install")
+    _boot.switched_on = True
     process = _process.PROCESS
     with process.lock:
         installation = process.installation

@@ -45,7 +45,7 @@ _PHASES = {"setup": "setup", "call": "the test", "teardown": "teardown"}
 # The session decides whether cgguard is on once it has read its options (pytest_configure),
 # after conftest files may have imported torch, whose import is captured output: set CGGUARD_*
 # variables that went unheeded are said in the terminal summary instead (_unheeded).
-_boot.switchers.add("pytest")
+_boot.switched_on = True
 _unheeded: list[str] = []
 
 

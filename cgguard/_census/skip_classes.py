@@ -15,8 +15,9 @@ releases, read from pytorch's history, are matched as well.
 
 from __future__ import annotations
 
-import re
 from typing import Final
+
+from cgguard._data.census import skip_reason
 
 # compile_skips's reason where torch bumped its counter without giving one.
 NO_REASON: Final = "no reason given by torch"
@@ -125,17 +126,11 @@ SKIP_CLASSES: Final[tuple[tuple[str, tuple[str, ...], str], ...]] = (
     ),
 )
 
-# What torch puts after a reason ("Found from : \n STACK", "Found from STACK") is the user's
-# code; what it puts in parentheses, node names and counts.
-_FOUND_FROM = "found from"
-_PARENTHESES = re.compile(r"\([^()]*\)")
-
-
 def skip_class(message: str) -> str:
     """The class (``SKIP_CLASSES``) of torch's ``message`` for a skipped cudagraph, or
-    ``other``."""
-    text = message.lower().split(_FOUND_FROM, 1)[0]
-    text = _PARENTHESES.sub("", text)
+    ``other``: read in its reason as the census groups it (cgguard._data.census.skip_reason),
+    without the user's code torch appends or the names in parentheses."""
+    text = skip_reason(message).lower()
     found = OTHER
     first = len(text)
     for name, words, _ in SKIP_CLASSES:

@@ -93,7 +93,7 @@ def run_parser() -> argparse.ArgumentParser:
         if setting.choices is BOOL:
             # Both ways, whatever the default: an option overrides the variable in the
             # environment, which may say either.
-            default = "on" if setting.default else "off"
+            default = setting.words(setting.default)
             parser.add_argument(
                 setting.option,
                 dest=setting.field,

@@ -534,6 +534,12 @@ def _is_unknown(name: object) -> bool:
 
 def _unknown(name: str) -> str:
     """The problem line of a CGGUARD_* name cgguard does not read, with the closest known name."""
+    return f"ignoring {_named(name)}: {_no_such(name, listing=True)}"
+
+
+def _no_such(name: str, *, listing: bool = False) -> str:
+    """ "no such variable", with the known name closest to ``name`` where one is close; with
+    ``listing``, the known names where none is."""
     if name.startswith(RULE_PREFIX):
         known, what = tuple(RULE_VARIABLES), "rule"
         listed = f"the rule variables are {', '.join(known)}"
@@ -543,16 +549,9 @@ def _unknown(name: str) -> str:
         names = (v for v in VARIABLES if v not in RULE_VARIABLES)
         listed = f"the variables are {', '.join(names)}, {RULE_PREFIX}<RULE>"
     close = _closest(name, known)
-    hint = f"did you mean {close}?" if close else listed
-    return f"ignoring {_named(name)}: no such {what}; {hint}"
-
-
-def _no_such(name: str) -> str:
-    """ "no such variable", with the known name closest to ``name`` where one is close."""
-    rule = name.startswith(RULE_PREFIX)
-    close = _closest(name, tuple(RULE_VARIABLES) if rule else VARIABLES)
-    what = "rule" if rule else "variable"
-    return f"no such {what}; did you mean {close}?" if close else f"no such {what}"
+    if close is not None:
+        return f"no such {what}; did you mean {close}?"
+    return f"no such {what}; {listed}" if listing else f"no such {what}"
 
 
 def _closest(name: str, known: "tuple[str, ...]") -> "str | None":
@@ -600,7 +599,7 @@ def activation_says_on(default: bool) -> bool:
 def say_if_off(_: object = None) -> None:
     """One line if CGGUARD_* variables are set and nothing has switched cgguard on: the
     ``cgguard.pth`` line's watch, called when torch is imported."""
-    if _boot.activated_by is not None or _boot.switchers:
+    if _boot.activated_by is not None or _boot.switched_on:
         return
     line = unheeded("before torch was imported")
     if line is not None:

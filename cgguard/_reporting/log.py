@@ -259,10 +259,6 @@ def json_processors() -> list[Processor]:
     return [_event_first, structlog.processors.JSONRenderer()]
 
 
-# For each least level written, the levels left out.
-_QUIET_BELOW = tuple(frozenset(LEVELS[:i]) for i in range(len(LEVELS)))
-
-
 class EventLog:
     """Renders events with structlog and writes them to stderr or a file.
 
@@ -281,7 +277,7 @@ class EventLog:
         self.log_format = log_format
         # Events less severe than this are not written (CGGUARD_LOG_LEVEL).
         self.level = level
-        self._least = LEVELS.index(level)
+        self._quiet = frozenset(LEVELS[: LEVELS.index(level)])
         # Resolved once: a program that changes directory must not scatter its log.
         self.log_file = os.path.abspath(log_file) if log_file else log_file
         self.target = target or ("file" if log_file else "stderr")
@@ -295,7 +291,7 @@ class EventLog:
     def emit(self, event: Mapping[str, object]) -> None:
         """Report one event; cgguard's own failures here are a warning, never an exception."""
         level = str(event.get("level", "error"))
-        if level in _QUIET_BELOW[self._least]:
+        if level in self._quiet:
             return
         fields = dict(event)
         name = fields.pop("event")

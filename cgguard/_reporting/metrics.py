@@ -17,7 +17,6 @@ rule and action, a capture's outcome, and a skipped cudagraph's class
 
 from __future__ import annotations
 
-import sys
 import threading
 from typing import Any
 
@@ -159,11 +158,7 @@ class Prometheus:
         self.wanted = True
         if _registered or self.failed:
             return
-        module = sys.modules.get(MODULE)
-        if module is None:
-            _boot.when_imported(MODULE, self.on_import)
-        elif not _boot.is_initializing(module):
-            self._start()
+        _boot.when_ready(MODULE, self.on_import)
 
     def unwant(self) -> None:
         """Metrics are no longer asked for: nothing more is registered (counters registered stay

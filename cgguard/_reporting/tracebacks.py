@@ -18,10 +18,11 @@ import contextlib
 import sys
 import threading
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from cgguard._errors import CaptureViolation
 from cgguard._support.frames import visible
+from cgguard._support.patchset import PatchSet
 from cgguard._support.warn import warn_once
 
 if TYPE_CHECKING:
@@ -146,8 +147,10 @@ class ExceptHooks:
     cgguard._process)."""
 
     def __init__(self) -> None:
-        # cgguard's hooks in effect; None while cgguard is not installed.
+        # cgguard's hooks in effect; None while cgguard is not installed. Put on and taken off
+        # as every patch is: a hook the program sets after cgguard's is left as it is.
         self.hooks: tuple[_SysHook, _ThreadHook] | None = None
+        self._patches = PatchSet(keep_newer=True)
 
     def install(self) -> None:
         """Show uncaught violations trimmed, in every thread. Idempotent: a hook the program
@@ -155,9 +158,10 @@ class ExceptHooks:
         reconfigured."""
         if self.hooks is not None:
             return
-        hooks = (_SysHook(sys.excepthook), _ThreadHook(threading.excepthook))
-        sys.excepthook, threading.excepthook = hooks
-        self.hooks = hooks
+        patches = self._patches
+        sys_hook = cast("_SysHook", patches.wrap(sys, "excepthook", _SysHook))
+        thread_hook = cast("_ThreadHook", patches.wrap(threading, "excepthook", _ThreadHook))
+        self.hooks = (sys_hook, thread_hook)
 
     def uninstall(self) -> None:
         """Put back the hooks that were there before install(), where cgguard's are still in
@@ -165,10 +169,7 @@ class ExceptHooks:
         as is."""
         if self.hooks is None:
             return
-        sys_hook, thread_hook = self.hooks
+        for hook in self.hooks:
+            hook.active = False
         self.hooks = None
-        sys_hook.active = thread_hook.active = False
-        if sys.excepthook is sys_hook:
-            sys.excepthook = sys_hook.previous
-        if threading.excepthook is thread_hook:
-            threading.excepthook = thread_hook.previous
+        self._patches.restore()
