@@ -19,6 +19,8 @@ import sys
 import tempfile
 import time
 
+from inspection_overhead import median_difference
+
 TARGET_US = 1.0
 
 
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         tensor = torch.ones(1)
         per_call(wrapped, tensor, options.calls)  # warm both
         per_call(plain, tensor, options.calls)
-        differences, plains = [], []
+        pairs: list[tuple[float, float]] = []
         for i in range(options.rounds):
             if i % 2:
                 base = per_call(plain, tensor, options.calls)
@@ -61,16 +63,14 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 hooked = per_call(wrapped, tensor, options.calls)
                 base = per_call(plain, tensor, options.calls)
-            differences.append(hooked - base)
-            plains.append(base)
+            pairs.append((base, hooked))
         cgguard.uninstall()
         dist.destroy_process_group()
-    added = statistics.median(differences) * 1e6
-    base_us = statistics.median(plains) * 1e6
-    quartiles = statistics.quantiles([d * 1e6 for d in differences], n=4)
+    added, low, high = (value * 1e6 for value in median_difference(pairs))
+    base_us = statistics.median(base for base, _ in pairs) * 1e6
     print(
         f"all_reduce outside a capture: {base_us:.2f} us unwrapped; +{added:.3f} us with the "
-        f"manifest's hook (quartiles {quartiles[0]:+.3f} to {quartiles[2]:+.3f}), "
+        f"manifest's hook (quartiles {low:+.3f} to {high:+.3f}), "
         f"{(base_us + added) / base_us:.3f}x; target +{TARGET_US} us"
     )
     return 0 if added <= TARGET_US else 1

@@ -442,3 +442,30 @@ def sim() -> Any:
 
     with simulated_cuda() as runtime:
         yield runtime
+
+
+class _Reload:
+    """A callable object a class keeps as its method: called without binding."""
+
+    def __call__(self, *args: Any) -> tuple[Any, ...]:
+        return args
+
+
+class _Runner:
+    reload_weights = _Reload()
+
+
+def test_a_lifecycle_function_held_as_a_callable_object_stays_unbound() -> None:
+    """A lifecycle entry naming a callable object a class holds is wrapped as windows wrap one:
+    still called without the instance, and checked after it returns."""
+    from cgguard._inspect.lifecycle import Lifecycle
+
+    checked: list[str] = []
+    lifecycle = Lifecycle(checked.append)
+    entry = f"{__name__}:_Runner.reload_weights"
+    lifecycle.watch((entry,))
+    try:
+        assert (_Runner().reload_weights(1), checked) == ((1,), [entry])
+    finally:
+        lifecycle.undo()
+    assert type(vars(_Runner)["reload_weights"]) is _Reload

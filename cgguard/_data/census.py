@@ -28,7 +28,7 @@ from cgguard._rules.record import (
     OUTCOMES,
     REFUSED,
 )
-from cgguard._support.frames import frame_of, place_of
+from cgguard._support.frames import frame_of, held_weakly, place_of
 
 if TYPE_CHECKING:
     from types import CodeType
@@ -226,8 +226,8 @@ class Census:
         if code is not None:
             held = self._codes.get(id(code))
             if held is None:
-                gone = functools.partial(_forget, self.sites_at, self._codes, id(code))
-                held = self._codes[id(code)] = (weakref.ref(code, gone), [])
+                gone = functools.partial(_drop_keys, self.sites_at)
+                held = self._codes[id(code)] = (held_weakly(self._codes, code, gone), [])
             held[1].append(key)
         self.sites_at[key] = site
         return site
@@ -371,20 +371,15 @@ class Census:
 _OTHER: Place = ("", -1, "other sites")
 
 
-def _forget(
+def _drop_keys(
     sites_at: dict[tuple[int, int], CaptureSite],
-    codes: dict[int, tuple[weakref.ref[CodeType], list[tuple[int, int]]]],
-    ident: int,
-    ref: weakref.ref[CodeType],
+    held: tuple[weakref.ref[CodeType], list[tuple[int, int]]],
 ) -> None:
     """A code object that keyed sites is gone: its keys go, before its id() is another's. Run
     by the garbage collector on any thread, so without the census's lock: each is one dict
     operation, and nothing iterates these dicts."""
-    held = codes.get(ident)
-    if held is not None and held[0] is ref:
-        del codes[ident]
-        for key in held[1]:
-            sites_at.pop(key, None)
+    for key in held[1]:
+        sites_at.pop(key, None)
 
 
 def _built(site: CaptureSite, fresh: bool) -> bool:

@@ -327,24 +327,31 @@ class _Hook:
 
     def _wrapped(self, found: Any, *, in_class: bool) -> Any:
         """The attribute as found, wrapped so that a call of it opens the windows naming it."""
-        if isinstance(found, (staticmethod, classmethod)):
-            return type(found)(self._wrapped(found.__func__, in_class=False))
-        hook = self
+        return rewrapped(found, self._window, in_class=in_class)
+
+    def _window(self, found: Any) -> Any:
         # A generator's, a coroutine's or an async generator's body runs after the call has
         # returned it, a step at a time: their wrappers are of the same kind, so that inspect
         # and asyncio take them for what they wrap, and open the windows at each step.
         if inspect.isasyncgenfunction(found):
-            window: Any = _async_generator_window(hook, found)
-        elif inspect.iscoroutinefunction(found):
-            window = _coroutine_window(hook, found)
-        elif inspect.isgeneratorfunction(found):
-            window = _generator_window(hook, found)
-        else:
-            window = _function_window(hook, found)
-        if in_class and not hasattr(found, "__get__"):
-            # A callable object a class keeps as it is (no method binding): kept unbound.
-            return staticmethod(window)
-        return window
+            return _async_generator_window(self, found)
+        if inspect.iscoroutinefunction(found):
+            return _coroutine_window(self, found)
+        if inspect.isgeneratorfunction(found):
+            return _generator_window(self, found)
+        return _function_window(self, found)
+
+
+def rewrapped(found: Any, make: Callable[[Any], Any], *, in_class: bool) -> Any:
+    """An attribute as found (``as_held``), its function wrapped by ``make``, held as it was:
+    a staticmethod or classmethod stays one around the wrapper, and a callable object a class
+    keeps without binding (no ``__get__``) stays unbound."""
+    if isinstance(found, (staticmethod, classmethod)):
+        return type(found)(rewrapped(found.__func__, make, in_class=False))
+    wrapper = make(found)
+    if in_class and not hasattr(found, "__get__"):
+        return staticmethod(wrapper)
+    return wrapper
 
 
 def _function_window(hook: _Hook, found: Any) -> Callable[..., Any]:

@@ -53,7 +53,7 @@ class Epoch:
         self.value = 0
         self.rebinds: dict[tuple[int, str], tuple[weakref.ref[Any], Snapshot]] = {}
 
-    def moved(self, owner: Any = None, name: str = "", depth: int = 2) -> None:
+    def moved(self, owner: Any = None, name: str = "") -> None:
         """Something may have been rebound (``owner.name``, where known, at the caller's)."""
         self.value += 1
         if owner is None:
@@ -62,7 +62,7 @@ class Epoch:
             rebinds = self.rebinds
             if len(rebinds) >= REBINDS_MAX:
                 del rebinds[next(iter(rebinds))]
-            rebinds[(id(owner), name)] = (weakref.ref(owner), stack_above(depth))
+            rebinds[(id(owner), name)] = (weakref.ref(owner), stack_above(2))
 
     def rebound_at(self, owner: Any, name: str) -> Snapshot | None:
         """Where ``owner.name`` was last rebound, if cgguard saw it."""

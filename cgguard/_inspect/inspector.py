@@ -267,9 +267,7 @@ class Inspector(Watcher):
             rebound_at = binding.rebound_at(inspections.epoch)
             rebound = Stack(rebound_at).where if rebound_at is not None else None
             found.append(_bindings.StaleBinding(binding.name, site, change, rebound))
-            name = binding.name.replace("{", "{{").replace("}", "}}")
-            said = change.replace("{", "{{").replace("}", "}}")
-            why = f"{name}, which {said}"
+            why = f"{binding.name}, which {change}"
             if rebound_at is not None:
                 why += ", rebound at {rebound_stack}"
             error = self.violated(

@@ -16,7 +16,7 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 from cgguard import _boot
-from cgguard._gate.windows import as_held, owner_of
+from cgguard._gate.windows import as_held, owner_of, rewrapped
 from cgguard._support.patchset import PatchSet
 from cgguard._support.warn import warn_once
 
@@ -35,7 +35,6 @@ class Lifecycle:
         # keep_newer: a module reloaded since has functions of its own, left as they are.
         self.patches = PatchSet(keep_newer=True)
         self.waiting: list[tuple[str, Callable[[ModuleType], None]]] = []
-        self.wrapped: list[str] = []
 
     def watch(self, entries: tuple[str, ...]) -> None:
         """Wrap each ``module:qualname`` of ``entries`` now if its module is imported, else
@@ -52,7 +51,6 @@ class Lifecycle:
             _boot.cancel(name, hook)
         self.waiting.clear()
         self.patches.restore()
-        self.wrapped.clear()
 
     def _resolve(self, entry: str, module: ModuleType) -> None:
         # Found as a capture window's function is. A name a release lacks is no mistake: the
@@ -65,11 +63,11 @@ class Lifecycle:
         function = found.__func__ if isinstance(found, (staticmethod, classmethod)) else found
         if not callable(function):
             return
-        wrapper: Any = _after(function, functools.partial(self._checked, entry))
-        if isinstance(found, (staticmethod, classmethod)):
-            wrapper = type(found)(wrapper)
+        checked = functools.partial(self._checked, entry)
+        wrapper = rewrapped(
+            found, functools.partial(after, then=checked), in_class=isinstance(owner, type)
+        )
         self.patches.replace(owner, name, wrapper)
-        self.wrapped.append(entry)
 
     def _checked(self, entry: str) -> None:
         try:
@@ -81,7 +79,7 @@ class Lifecycle:
             )
 
 
-def _after(function: Any, then: Callable[[], None]) -> Any:
+def after(function: Any, then: Callable[[], object]) -> Any:
     """``function``, then ``then()`` once it has returned or raised (a reload that failed half
     way may have rebound some names); an ``async def`` one once its coroutine has."""
     if _is_coroutine_function(function):

@@ -22,6 +22,8 @@ import contextlib
 import functools
 from typing import TYPE_CHECKING, Any
 
+from cgguard._inspect.lifecycle import after
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -38,8 +40,8 @@ def hooks(
     again: those are for check_bindings() to find."""
     return [
         (module, "__setattr__", functools.partial(_setattr, epoch, (tensor, module), compiling)),
-        (module, "_apply", functools.partial(_after, epoch)),
-        (module, "load_state_dict", functools.partial(_after, epoch)),
+        (module, "_apply", functools.partial(_moving, epoch)),
+        (module, "load_state_dict", functools.partial(_moving, epoch)),
         (tensor, "data", functools.partial(_data, epoch, compiling)),
     ]
 
@@ -60,15 +62,10 @@ def _setattr(
     return setattr_
 
 
-def _after(epoch: Epoch, original: Any) -> Any:
-    @functools.wraps(original)
-    def moving(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return original(*args, **kwargs)
-        finally:
-            epoch.value += 1
-
-    return moving
+def _moving(epoch: Epoch, original: Any) -> Any:
+    # The epoch moves once the call has returned or raised (a load that failed half way may
+    # have rebound some names), as after a framework's lifecycle function.
+    return after(original, epoch.moved)
 
 
 def _data(epoch: Epoch, compiling: Callable[[], bool], original: Any) -> property:

@@ -26,7 +26,7 @@ from cgguard._ranks.collectives import (
     peer_of,
     signature_of,
 )
-from cgguard._ranks.first_use import FirstUse, distributed, ranks_of
+from cgguard._ranks.first_use import DEFAULT, FirstUse, distributed, ranks_of
 from cgguard._reporting.events import ranks as launcher_identity
 from cgguard._rules.record import BEGAN_AT, ENDED, REFUSED, THREAD
 from cgguard._support.frames import place_of, site_of, stack_above
@@ -183,17 +183,21 @@ class RankManifest(Watcher):
         tracker = self.installation.tracker
         active: dict[Any, Any] = tracker.active if tracker is not None else {}
         where, peered = signature.group, signature.peer is not None
-        used = self.first_use.used
+        used, warm = self.first_use.used, self.first_use.warm
 
         # A plain function, as torch's own decorators wrap these: outside every capture it
-        # costs one truth test and a note of the group used (benchmarks/collectives_overhead.py).
+        # costs one truth test and a note of the group used (benchmarks/collectives_overhead.py),
+        # FirstUse.used inline for a collective, which names no peer.
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
             if active:
                 return self._inside(signature, original, args, kwargs)
             if where is not None:
                 group = argument(where, args, kwargs)
-                used(group, peer_of(signature, args, kwargs) if peered else None)
+                if peered:
+                    used(group, peer_of(signature, args, kwargs))
+                elif (DEFAULT if group is None else id(group)) not in warm:
+                    used(group)
             return original(*args, **kwargs)
 
         return collective

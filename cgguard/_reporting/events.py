@@ -120,7 +120,12 @@ def violation(
             more_frames = known.frames if known is not None else None
             event[key] = more_frames
             places[key] = where(more_frames) if more_frames else "an unknown place"
-        cause = cause.explained(cause.why.format_map(places))
+        # Each declared {key} replaced, the rest of the text taken as it is: it names tensors
+        # and bindings the program wrote, braces and all.
+        why = cause.why
+        for key, place in places.items():
+            why = why.replace("{" + key + "}", place)
+        cause = cause.explained(why)
     if cause_frames is not None:
         cause = cause.completed(where(cause_frames))
     event["message"] = spec.message(f"{api} at {where(frames)}", cause)

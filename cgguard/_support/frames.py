@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, cast
 from cgguard._support.text import safe
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Callable, Iterable, Iterator
     from types import CodeType
 
 # A snapshot is a flat tuple (code, lasti, code, lasti, ...), innermost frame first. It keeps
@@ -157,17 +157,30 @@ def resolve(stack: Snapshot | LiveStack) -> Snapshot:
 _lines: dict[int, tuple[weakref.ref[CodeType], list[int], list[int | None]]] = {}
 
 
-def _forget(cache: dict[int, tuple[Any, ...]], ident: int, ref: weakref.ref[CodeType]) -> None:
-    """A code object held weakly by ``cache`` is gone: its entry goes. The garbage collector's,
-    on any thread: one dict operation each, no lock."""
+def _forget(
+    cache: dict[int, tuple[Any, ...]],
+    ident: int,
+    then: Callable[[tuple[Any, ...]], object] | None,
+    ref: weakref.ref[CodeType],
+) -> None:
+    """A code object held weakly by ``cache`` is gone: its entry goes, and ``then`` is told of
+    it. The garbage collector's, on any thread: one dict operation each, no lock."""
     held = cache.get(ident)
     if held is not None and held[0] is ref:
         cache.pop(ident, None)
+        if then is not None:
+            then(held)
 
 
-def _held(cache: dict[int, tuple[Any, ...]], code: CodeType) -> weakref.ref[CodeType]:
-    """A weak reference to ``code`` that takes its entry out of ``cache`` with it."""
-    return weakref.ref(code, functools.partial(_forget, cache, id(code)))
+def held_weakly(
+    cache: dict[int, tuple[Any, ...]],
+    code: CodeType,
+    then: Callable[[tuple[Any, ...]], object] | None = None,
+) -> weakref.ref[CodeType]:
+    """A weak reference to ``code``, for the first item of its entry in ``cache`` (keyed by
+    ``id(code)``), that takes the entry out with the code, before its id() can be another's,
+    then calls ``then`` with the entry."""
+    return weakref.ref(code, functools.partial(_forget, cache, id(code), then))
 
 
 def _line_of(code: CodeType, lasti: int) -> int:
@@ -179,7 +192,7 @@ def _line_of(code: CodeType, lasti: int) -> int:
         if len(_lines) >= _CACHE_MAX:
             _lines.clear()
         starts, lines = _line_table(code)
-        _lines[id(code)] = (_held(_lines, code), starts, lines)
+        _lines[id(code)] = (held_weakly(_lines, code), starts, lines)
     else:
         starts, lines = cached[1], cached[2]
     # starts[0] is 0, so a lasti of 0 or more lies in one of the ranges.
@@ -286,12 +299,7 @@ def render(stack: Snapshot) -> list[FrameInfo]:
                 {"file": OMITTED, "line": 0, "function": f"{lasti} outer frames", "code": None}
             )
             continue
-        filename = code.co_filename
-        line = _line_of(code, lasti)
-        text = linecache.getline(filename, line).strip()
-        frames.append(
-            {"file": filename, "line": line, "function": code.co_name, "code": text or None}
-        )
+        frames.append(_frame(code.co_filename, _line_of(code, lasti), code.co_name))
     return frames
 
 
@@ -318,9 +326,11 @@ def place_of(code: CodeType | None, lasti: int) -> Place | None:
 
 def frame_of(place: Place | None) -> FrameInfo | None:
     """The user's frame at ``place``, with its source line as frame_at() renders it."""
-    if place is None:
-        return None
-    filename, line, function = place
+    return _frame(*place) if place is not None else None
+
+
+def _frame(filename: str, line: int, function: str) -> FrameInfo:
+    """A frame as a report holds it, with its source line where the file can be read."""
     text = linecache.getline(filename, line).strip()
     return {"file": filename, "line": line, "function": function, "code": text or None}
 
@@ -398,7 +408,7 @@ def visible(code: CodeType) -> bool:
         _visible.clear()
     shown = not code.co_filename.startswith(_prefixes)
     if len(_prefixes) == 2 + len(_HIDDEN_PACKAGES):  # a verdict made with every prefix known
-        _visible[id(code)] = (_held(_visible, code), shown)
+        _visible[id(code)] = (held_weakly(_visible, code), shown)
     return shown
 
 
