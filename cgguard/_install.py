@@ -135,6 +135,7 @@ def uninstall() -> None:
             tracker.retired = True
         installation.replay.restore()
         installation.watcher_hooks.restore()
+        installation.wait_for_modules(set())
         for watcher in installation.watchers:
             watcher.retired()  # what a watcher put on besides its hooks comes off too
         installation.device_sync.restore()

@@ -692,3 +692,35 @@ def test_rank_check_runs_at_each_close_and_not_at_a_pause(group: Any, simulated:
     for _ in capture_phases():
         pass
     assert manifest.checks == 4
+
+
+SYMMETRIC_LATE = """
+import torch, cgguard
+cgguard.install(cgguard.Config(mode="log"))
+before = [p for p in cgguard.status().patched if "symmetric" in p]
+import torch.distributed._symmetric_memory as module
+after = [p for p in cgguard.status().patched if "symmetric" in p]
+cgguard.uninstall()
+print(before, after, "cgguard" in module.empty.__code__.co_filename)
+"""
+
+
+@pytest.mark.subprocess
+def test_symmetric_memory_imported_after_install_is_hooked_and_listed() -> None:
+    """Symmetric memory, imported by the program after install, gets its hooks as the
+    watchers' other hooks do: listed in status(), and taken off at uninstall."""
+    import subprocess
+
+    from helpers import clean_environ
+
+    done = subprocess.run(
+        [sys.executable, "-c", SYMMETRIC_LATE],
+        env=clean_environ(RANK="0", WORLD_SIZE="1"),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    name = "torch.distributed._symmetric_memory"
+    expected = f"[] ['{name}.rendezvous', '{name}.empty'] False\n"
+    assert (done.returncode, done.stdout) == (0, expected), done.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from cgguard import _boot
 from cgguard._data.ledger import Run
 from cgguard._reporting.report_file import ReportFile
 from cgguard._reporting.reporter import Reporter
@@ -47,8 +48,10 @@ class Installation:
         # Where replay lands, as cgguard._core.patches found it: torch's CUDAGraph, and a
         # stand-in's that does not extend it.
         self.replay_targets: list[tuple[Any, str]] = []
-        # The watchers' own hooks on torch (Watcher.hooks), in place while they are watching.
+        # The watchers' own hooks on torch (Watcher.hooks), in place while they are watching;
+        # and the modules they name, waited for until imported (Watcher.hook_modules).
         self.watcher_hooks = PatchSet()
+        self.hook_modules: set[str] = set()
 
     @property
     def run(self) -> Run:
@@ -74,9 +77,23 @@ class Installation:
             if new not in self.watchers:
                 new.started()
         self.watchers = watchers
+        self.wait_for_modules({name for watcher in watchers for name in watcher.hook_modules})
         if self.tracker is not None:
             self.tracker.set_watchers(watchers)
             self._hook_replays()
+            self._hook_watchers()
+
+    def wait_for_modules(self, names: set[str]) -> None:
+        """Put the watchers' hooks on again as each module of ``names`` is imported; stop
+        waiting for the others."""
+        for name in self.hook_modules - names:
+            _boot.cancel(name, self._module_ready)
+        waiting, self.hook_modules = self.hook_modules, names
+        for name in names - waiting:
+            _boot.when_ready(name, self._module_ready)
+
+    def _module_ready(self, _: object) -> None:
+        if self.tracker is not None:
             self._hook_watchers()
 
     def _hook_replays(self) -> None:

@@ -69,6 +69,9 @@ class Watcher:
     # Whether this watcher keeps notes on graphs (GRAPH_NOTES): once one has, the capture path
     # drops them at every capture_begin (forget_graph).
     notes_graphs: bool = False
+    # Modules the program may import later whose attributes hooks() names once they are: the
+    # installation asks for the hooks again as each is imported (never importing one itself).
+    hook_modules: tuple[str, ...] = ()
 
     def opening(self, graph: Any, record: Record, args: tuple[Any, ...], kwargs: Any) -> Any:
         """A capture into ``graph`` is about to begin, called with ``args`` and ``kwargs``."""
@@ -98,5 +101,6 @@ class Watcher:
 
     def hooks(self) -> list[tuple[Any, str, Callable[[Any], Any]]]:
         """Torch attributes this watcher wraps while it is installed, as (owner, name, make):
-        put on once torch is patched, taken off with the watcher (cgguard._core.installation)."""
+        put on once torch is patched, and again as each module of ``hook_modules`` is
+        imported; taken off with the watcher (cgguard._core.installation)."""
         return []

@@ -30,7 +30,6 @@ from cgguard._ranks.first_use import DEFAULT, FirstUse, distributed, ranks_of
 from cgguard._reporting.events import ranks as launcher_identity
 from cgguard._rules.record import BEGAN_AT, ENDED, REFUSED, THREAD
 from cgguard._support.frames import place_of, site_of, stack_above
-from cgguard._support.patchset import PatchSet
 from cgguard._support.threads import this_thread
 from cgguard._support.warn import warn_once
 
@@ -77,7 +76,6 @@ class RankManifest(Watcher):
         # The captures under way, by their record's identity: a collective finds its own.
         self._open: dict[int, Capture] = {}
         self.first_use = FirstUse()
-        self._symmetric = PatchSet()
         self._local = threading.local()  # whether this thread is inside a watched call
         self._distributed: dict[str, int] = {}  # torch.distributed's rank, once seen
         # One wrapper per torch function, put under each of its names; and the wrappers added
@@ -121,15 +119,12 @@ class RankManifest(Watcher):
     def started(self) -> None:
         self.manifest.recording = True
         self.manifest.identify = self.identity
-        _boot.when_ready(SYMMETRIC_MEMORY, self._watch_symmetric)
         # Imported by torch.compile when it first meets a collective, often after install.
         _boot.when_ready(_REMAPS, self._remap_when_imported)
 
     def retired(self) -> None:
         # The manifest stays in the report: what was recorded was recorded.
-        _boot.cancel(SYMMETRIC_MEMORY, self._watch_symmetric)
         _boot.cancel(_REMAPS, self._remap_when_imported)
-        self._symmetric.restore()
         remaps = _remaps()
         for wrapper in self._remapped:
             remaps.pop(wrapper, None)
@@ -142,16 +137,28 @@ class RankManifest(Watcher):
 
     # Collectives.
 
+    # Symmetric memory, which a program imports when it uses it.
+    hook_modules = (SYMMETRIC_MEMORY,)
+
     def hooks(self) -> list[tuple[Any, str, Callable[[Any], Any]]]:
-        """torch.distributed's collectives, under both of their names: one wrapper each."""
+        """torch.distributed's collectives, under both of their names (one wrapper each), and
+        symmetric memory's rendezvous and allocation once imported."""
         owners = [sys.modules.get(name) for name in _DISTRIBUTED]
-        return [
+        hooks: list[tuple[Any, str, Callable[[Any], Any]]] = [
             (owner, op, functools.partial(self._collective, op))
             for owner in owners
             if owner is not None
             for op in PAYLOADS
             if callable(vars(owner).get(op))
         ]
+        symmetric = sys.modules.get(SYMMETRIC_MEMORY)
+        if symmetric is not None:
+            hooks += [
+                (symmetric, name, functools.partial(self._symmetric_call, name))
+                for name in ("rendezvous", "empty")
+                if callable(vars(symmetric).get(name))
+            ]
+        return hooks
 
     def _collective(self, op: str, original: Callable[..., Any]) -> Callable[..., Any]:
         made = self._wrappers.get(id(original))
@@ -275,19 +282,7 @@ class RankManifest(Watcher):
             [("first_use_in_capture", record)], api, stack, refuse=True, why=why
         )
 
-    # Symmetric memory, imported by the program when it uses it.
-
-    def _watch_symmetric(self, module: Any) -> None:
-        try:
-            self._symmetric.apply(
-                [
-                    (module, name, functools.partial(self._symmetric_call, name))
-                    for name in ("rendezvous", "empty")
-                    if callable(vars(module).get(name))
-                ]
-            )
-        except Exception as exc:
-            warn_once("ranks:symmetric", f"could not watch symmetric memory: {exc!r}")
+    # Symmetric memory.
 
     def _symmetric_call(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         installation = self.installation
