@@ -126,6 +126,7 @@ SKIP_CLASSES: Final[tuple[tuple[str, tuple[str, ...], str], ...]] = (
     ),
 )
 
+
 def skip_class(message: str) -> str:
     """The class (``SKIP_CLASSES``) of torch's ``message`` for a skipped cudagraph, or
     ``other``: read in its reason as the census groups it (cgguard._data.census.skip_reason),
